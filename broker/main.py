@@ -1,0 +1,20 @@
+"""The router process entry point."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+from broker.router import Router, RouterConfig
+
+log = logging.getLogger(__name__)
+
+
+def run_router(cfg: RouterConfig, stop: threading.Event | None = None) -> int:
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+    Router(cfg).serve(stop)
+    return 0

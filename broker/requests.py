@@ -1,0 +1,76 @@
+"""A client's request as the router tracks it, and the checks a Submit must pass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from common import protocol as p
+
+MAX_STOP_STRINGS = 16
+
+
+def validate_submit(msg: p.Submit) -> str | None:
+    """A human-readable problem with ``msg``, or None when it can be routed."""
+    given = [x is not None for x in (msg.prompt, msg.tokens, msg.messages)]
+    if sum(given) != 1:
+        return "give exactly one of prompt, tokens or messages"
+    if not msg.request_id:
+        return "request_id must be a non-empty string"
+    if msg.prompt is not None and not msg.prompt:
+        return "the prompt is empty"
+    if msg.tokens is not None and not msg.tokens:
+        return "tokens is empty"
+    if msg.messages is not None and not msg.messages:
+        return "messages is empty"
+    if not msg.prefill_only and msg.max_tokens < 1:
+        return "max_tokens must be >= 1"
+    if msg.temperature < 0:
+        return "temperature must be >= 0"
+    if not 0 < msg.top_p <= 1:
+        return "top_p must be in (0, 1]"
+    if msg.top_k < 0:
+        return "top_k must be >= 0"
+    if len(msg.stop) > MAX_STOP_STRINGS:
+        return f"at most {MAX_STOP_STRINGS} stop strings"
+    return None
+
+
+@dataclass
+class ClientRequest:
+    client: bytes  # the client's socket identity
+    submit: p.Submit
+    received: float  # router clock at Submit
+    deadline: float = 0.0  # while waiting for a first worker
+    wid: str | None = None  # worker-side id, once assigned
+    worker_id: str | None = None
+    t_assigned: float = 0.0
+    t_first: float = 0.0
+    prompt_tokens: int = 0
+    cached_estimate: int = 0
+    cancelled: bool = False
+    buffer_ids: list[int] = field(default_factory=list)  # stream=False: held until done
+    buffer_text: list[str] = field(default_factory=list)
+
+    @property
+    def budget(self) -> int:
+        return 0 if self.submit.prefill_only else self.submit.max_tokens
+
+    def on_tokens(self, msg: p.TokenDelta, now: float) -> None:
+        if not self.t_first and msg.token_ids:
+            self.t_first = now
+        if not self.submit.stream:
+            self.buffer_ids.extend(msg.token_ids)
+            self.buffer_text.append(msg.text)
+
+    def final_stats(self, worker_stats: dict[str, Any], now: float, policy: str) -> dict[str, Any]:
+        """Worker stats plus what only the router can measure (its clock, end to end)."""
+        out = dict(worker_stats)
+        routing_s = max(0.0, self.t_assigned - self.received)
+        out["queue_s"] = routing_s + float(worker_stats.get("worker_queue_s", 0.0))
+        out["ttft_s"] = (self.t_first - self.received) if self.t_first else None
+        out["e2e_s"] = now - self.received
+        out["worker"] = self.worker_id
+        out["policy"] = policy
+        out["router_cached_estimate"] = self.cached_estimate
+        return out

@@ -1,0 +1,359 @@
+"""The router process: registry, routing, relaying. Single-threaded around one poller.
+
+Two ROUTER sockets: clients connect to one, workers to the other. Every frame is
+decoded by common.protocol; anything malformed gets an Error reply (or a log
+line) and never reaches the state below.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from broker.decisions import DecisionLog
+from broker.policy import NoCandidate, RouteRequest, parse_policy
+from broker.registry import Routed, WorkerState
+from broker.requests import ClientRequest, validate_submit
+from common import protocol as p
+from common.settings import Addresses
+from common.tokenizer import TextTokenizer, TokenizerSpec
+from common.transport import RouterSocket
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    addresses: Addresses
+    policy: str = "phase_cost"
+    liveness_s: float = 3.0  # floor of a worker's liveness window (else 6 heartbeats)
+    no_worker_wait_s: float = 30.0  # how long a request waits for a first worker
+    decision_log: str | None = None
+
+    def __post_init__(self) -> None:
+        parse_policy(self.policy)  # raises ValueError on an unknown policy
+        if self.liveness_s <= 0 or self.no_worker_wait_s < 0:
+            raise ValueError("liveness_s must be > 0 and no_worker_wait_s >= 0")
+
+
+@dataclass
+class Router:
+    cfg: RouterConfig
+    workers: dict[str, WorkerState] = field(default_factory=dict)
+    requests: dict[str, ClientRequest] = field(default_factory=dict)  # by worker-side id
+    pending: deque[ClientRequest] = field(default_factory=deque)  # waiting for any worker
+    tokenizer: TextTokenizer | None = None
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        self.policy = parse_policy(self.cfg.policy)
+        self.client_sock = RouterSocket(self.cfg.addresses.client)
+        self.worker_sock = RouterSocket(self.cfg.addresses.worker)
+        self.decisions = DecisionLog(self.cfg.decision_log) if self.cfg.decision_log else None
+        self._by_client: dict[tuple[bytes, str], str] = {}
+        self._next_id = 0
+
+    # ------------------------------------------------------------ loop
+    def serve(self, stop: threading.Event) -> None:
+        poller = zmq.Poller()
+        poller.register(self.client_sock.sock, zmq.POLLIN)
+        poller.register(self.worker_sock.sock, zmq.POLLIN)
+        log.info(
+            "router: clients on %s, workers on %s, policy %s",
+            self.client_sock.address,
+            self.worker_sock.address,
+            self.policy.name,
+        )
+        try:
+            while not stop.is_set():
+                events = dict(poller.poll(timeout=100))
+                # Workers first: finishing requests frees capacity for new ones.
+                if self.worker_sock.sock in events:
+                    self._drain(self.worker_sock, self.on_worker)
+                if self.client_sock.sock in events:
+                    self._drain(self.client_sock, self.on_client)
+                self.expire_workers()
+                self.dispatch_pending()
+        finally:
+            self.client_sock.close()
+            self.worker_sock.close()
+            if self.decisions:
+                self.decisions.close()
+
+    def _drain(self, sock: RouterSocket, handler: Any, limit: int = 256) -> None:
+        for _ in range(limit):
+            if not sock.sock.poll(0, zmq.POLLIN):
+                return
+            identity, msg = sock.recv()
+            try:
+                handler(identity, msg)
+            except Exception:  # a bug must not take the router down with it
+                log.exception("router failed handling %r from %r", msg, identity)
+
+    # ------------------------------------------------------------ clients
+    def on_client(self, identity: bytes, msg: p.Message | p.ProtocolError) -> None:
+        reply = self.client_sock.send
+        if isinstance(msg, p.ProtocolError):
+            log.info("rejected client frame: %s", msg.message)
+            reply(identity, p.Error(msg.code, msg.message, msg.request_id))
+        elif isinstance(msg, p.Hello):
+            reply(identity, p.Welcome(policy=self.policy.name))
+        elif isinstance(msg, p.Submit):
+            self.submit(identity, msg)
+        elif isinstance(msg, p.Cancel):
+            self.cancel(identity, msg.request_id)
+        elif isinstance(msg, p.StatusQuery):
+            rows = [w.describe() for w in sorted(self.workers.values(), key=lambda w: w.id)]
+            reply(identity, p.StatusReply(self.policy.name, rows, len(self.requests)))
+        else:
+            reply(identity, p.Error(p.BAD_REQUEST, f"clients may not send {msg.TYPE!r}"))
+
+    def submit(self, identity: bytes, msg: p.Submit) -> None:
+        key = (identity, msg.request_id)
+        problem = validate_submit(msg)
+        if problem is None and (key in self._by_client or self._is_pending(key)):
+            problem = f"request id {msg.request_id!r} is already in flight"
+            code = p.DUPLICATE_REQUEST
+        else:
+            code = p.BAD_REQUEST
+        if problem:
+            self.client_sock.send(identity, p.Error(code, problem, msg.request_id))
+            return
+        req = ClientRequest(identity, msg, time.monotonic())
+        req.deadline = req.received + self.cfg.no_worker_wait_s
+        self.pending.append(req)
+        self.dispatch_pending()
+
+    def cancel(self, identity: bytes, request_id: str) -> None:
+        wid = self._by_client.get((identity, request_id))
+        if wid is None:
+            for req in list(self.pending):
+                if (req.client, req.submit.request_id) == (identity, request_id):
+                    self.pending.remove(req)
+                    self.client_sock.send(identity, p.Done(request_id, "cancelled", {}))
+            return  # unknown or finished: cancel is idempotent
+        req = self.requests[wid]
+        req.cancelled = True
+        self.worker_sock.send(self.workers[req.worker_id].identity, p.Cancel(wid))
+
+    def _is_pending(self, key: tuple[bytes, str]) -> bool:
+        return any((r.client, r.submit.request_id) == key for r in self.pending)
+
+    # ------------------------------------------------------------ routing
+    def dispatch_pending(self) -> None:
+        now = time.monotonic()
+        while self.pending:
+            req = self.pending[0]
+            if not self.workers:
+                if now < req.deadline:
+                    return
+                self.pending.popleft()
+                self._fail(req, p.NO_WORKERS, "no worker is connected to the router")
+                continue
+            self.pending.popleft()
+            self.route(req)
+
+    def route(self, req: ClientRequest) -> None:
+        sub = req.submit
+        try:
+            tokens = self._tokens(sub)
+        except ValueError as exc:
+            self._fail(req, p.BAD_REQUEST, str(exc))
+            return
+        candidates = [w for w in self.workers.values() if w.fits(len(tokens), req.budget)]
+        if not candidates:
+            limit = max(w.info.n_ctx for w in self.workers.values())
+            self._fail(
+                req,
+                p.PROMPT_TOO_LONG,
+                f"prompt ({len(tokens)} tokens) + max_tokens ({req.budget}) exceeds every "
+                f"worker's context (largest {limit})",
+            )
+            return
+        rr = RouteRequest(len(tokens), req.budget)
+        views = [w.view(tokens) for w in candidates]
+        policy = parse_policy(f"forced:{sub.worker}") if sub.worker else self.policy
+        try:
+            decision = policy.choose(rr, views)
+        except NoCandidate as exc:
+            self._fail(req, p.NO_WORKERS, str(exc))
+            return
+        if self.decisions:
+            self.decisions.write(sub.request_id, policy.name, rr, views, decision)
+        self._assign(req, tokens, self.workers[decision.worker_id], views)
+
+    def _assign(self, req: ClientRequest, tokens: list[int], w: WorkerState, views: list) -> None:
+        sub = req.submit
+        self._next_id += 1
+        wid = f"{self._next_id:x}"
+        cached = next(v.cached_tokens for v in views if v.id == w.id)
+        assign = p.Assign(
+            wid,
+            tokens,
+            req.budget,
+            sub.temperature,
+            sub.top_p,
+            sub.top_k,
+            sub.seed,
+            sub.stop,
+            sub.ignore_eos,
+            sub.prefill_only,
+            cached,
+        )
+        if not self.worker_sock.send(w.identity, assign):
+            self._drop_worker(w, "unreachable")
+            self.pending.appendleft(req)
+            return
+        req.wid, req.worker_id, req.t_assigned = wid, w.id, time.monotonic()
+        req.prompt_tokens, req.cached_estimate = len(tokens), cached
+        w.inflight[wid] = Routed(wid, w.id, len(tokens), req.budget, cached, sub.prefill_only)
+        w.routed_total += 1
+        self.requests[wid] = req
+        self._by_client[(req.client, sub.request_id)] = wid
+        self.client_sock.send(req.client, p.Accepted(sub.request_id, w.id, len(tokens), cached))
+
+    def _tokens(self, sub: p.Submit) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("the router has no tokenizer yet")
+        if sub.tokens is not None:
+            bad = [t for t in sub.tokens if not 0 <= t < self.tokenizer.vocab_size]
+            if bad:
+                raise ValueError(f"token ids outside the vocabulary: {bad[:5]}")
+            return list(sub.tokens)
+        text = (
+            sub.prompt if sub.messages is None else self.tokenizer.apply_chat_template(sub.messages)
+        )
+        tokens = self.tokenizer.encode(text or "")
+        if not tokens:
+            raise ValueError("the prompt is empty")
+        return tokens
+
+    # ------------------------------------------------------------ workers
+    def on_worker(self, identity: bytes, msg: p.Message | p.ProtocolError) -> None:
+        if isinstance(msg, p.ProtocolError):
+            log.warning("rejected worker frame from %r: %s", identity, msg.message)
+            self.worker_sock.send(identity, p.Error(msg.code, msg.message, msg.request_id))
+            return
+        if isinstance(msg, p.Ready):
+            self.register(identity, msg)
+            return
+        w = self._worker_by_identity(identity)
+        if w is None:
+            if not isinstance(msg, p.Goodbye):
+                self.worker_sock.send(identity, p.Reregister())
+            return
+        w.last_seen = time.monotonic()
+        if isinstance(msg, p.Heartbeat):
+            w.heartbeat = msg
+            if not w.cache.apply(msg.cache):
+                self.worker_sock.send(identity, p.ResyncCache())
+        elif isinstance(msg, p.TokenDelta | p.Done | p.Error):
+            self.relay(w, msg)
+        elif isinstance(msg, p.Goodbye):
+            self._drop_worker(w, "said goodbye")
+        else:
+            log.warning("worker %s sent unexpected %s", w.id, msg.TYPE)
+
+    def register(self, identity: bytes, ready: p.Ready) -> None:
+        problem = self._check_ready(ready)
+        if problem:
+            log.error("refusing worker %s: %s", ready.worker_id, problem)
+            self.worker_sock.send(identity, p.Error(p.BAD_REQUEST, problem))
+            return
+        old = self.workers.get(ready.worker_id)
+        if old is not None and old.identity == identity and old.info == ready:
+            self.worker_sock.send(identity, p.Welcome(policy=self.policy.name))
+            return  # a repeated Ready (our Welcome crossed it)
+        if old is not None:
+            self._drop_worker(old, "re-registered")
+        if self.tokenizer is None:
+            self.tokenizer = TextTokenizer(TokenizerSpec.from_wire(ready.tokenizer))
+            self.model = ready.model
+        self.workers[ready.worker_id] = WorkerState(identity, ready)
+        log.info(
+            "worker %s joined: %s on %s, max_active %d",
+            ready.worker_id,
+            ready.backend,
+            ready.device,
+            ready.max_active,
+        )
+        self.worker_sock.send(identity, p.Welcome(policy=self.policy.name))
+        self.dispatch_pending()
+
+    def _check_ready(self, ready: p.Ready) -> str | None:
+        if self.model is not None and ready.model != self.model:
+            return f"this router serves {self.model!r}; worker has {ready.model!r}"
+        if ready.max_active < 1 or ready.n_ctx < 1 or ready.block_size < 1:
+            return "max_active, n_ctx and block_size must be >= 1"
+        if ready.prefill_tok_s <= 0 or not ready.decode_tok_s or min(ready.decode_tok_s) <= 0:
+            return "rates must be positive"
+        if self.tokenizer is None:
+            try:
+                TokenizerSpec.from_wire(ready.tokenizer)
+            except (ValueError, KeyError, TypeError) as exc:
+                return f"unusable tokenizer: {exc}"
+        return None
+
+    def relay(self, w: WorkerState, msg: p.TokenDelta | p.Done | p.Error) -> None:
+        wid = msg.request_id
+        req = self.requests.get(wid) if wid else None
+        if req is None:
+            if isinstance(msg, p.Error):
+                log.warning("worker %s error: %s %s", w.id, msg.code, msg.message)
+            return  # e.g. a late token after a cancel: nothing to relay to
+        sub = req.submit
+        if isinstance(msg, p.TokenDelta):
+            req.on_tokens(msg, time.monotonic())
+            if routed := w.inflight.get(wid):
+                routed.tokens_seen += len(msg.token_ids)
+            if sub.stream:
+                self.client_sock.send(
+                    req.client, p.TokenDelta(sub.request_id, msg.token_ids, msg.text)
+                )
+            return
+        self._forget(w, req)
+        if isinstance(msg, p.Done):
+            if not sub.stream and req.buffer_ids:
+                self.client_sock.send(
+                    req.client,
+                    p.TokenDelta(sub.request_id, req.buffer_ids, "".join(req.buffer_text)),
+                )
+            stats = req.final_stats(msg.stats, time.monotonic(), self.policy.name)
+            self.client_sock.send(req.client, p.Done(sub.request_id, msg.finish_reason, stats))
+        else:
+            self.client_sock.send(req.client, p.Error(msg.code, msg.message, sub.request_id))
+
+    def expire_workers(self) -> None:
+        now = time.monotonic()
+        for w in list(self.workers.values()):
+            if now - w.last_seen > w.liveness_s(self.cfg.liveness_s):
+                self._drop_worker(w, f"silent for {now - w.last_seen:.1f}s")
+
+    def _drop_worker(self, w: WorkerState, why: str) -> None:
+        log.warning("worker %s removed: %s", w.id, why)
+        self.workers.pop(w.id, None)
+        for wid in list(w.inflight):
+            req = self.requests.get(wid)
+            if req is not None:
+                self._forget(w, req)
+                self._fail(req, p.WORKER_LOST, f"worker {w.id} was lost ({why})")
+
+    def _forget(self, w: WorkerState, req: ClientRequest) -> None:
+        w.inflight.pop(req.wid or "", None)
+        self.requests.pop(req.wid or "", None)
+        self._by_client.pop((req.client, req.submit.request_id), None)
+
+    def _fail(self, req: ClientRequest, code: str, message: str) -> None:
+        self.client_sock.send(req.client, p.Error(code, message, req.submit.request_id))
+
+    def _worker_by_identity(self, identity: bytes) -> WorkerState | None:
+        for w in self.workers.values():
+            if w.identity == identity:
+                return w
+        return None

@@ -1,0 +1,102 @@
+"""The asyncio client: one socket, a reader task fanning replies out per request."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from client.errors import RequestTimeout, TandemError, from_error
+from client.session import Assembly, Delta, Result, make_submit, request_id_of
+from common import protocol as p
+from common.settings import addresses
+
+
+class AsyncClient:
+    """Many concurrent requests over one connection; use inside a running loop."""
+
+    def __init__(self, address: str | None = None, timeout_s: float = 300.0) -> None:
+        self.address = address or addresses().client
+        self.timeout_s = timeout_s
+        self._ctx = zmq.asyncio.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(self.address)
+        self._boxes: dict[str | None, asyncio.Queue[p.Message]] = {}
+        self._reader: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._reader:
+            self._reader.cancel()
+        self._sock.close(linger=0)
+
+    async def generate(self, prompt: str | None = None, **kwargs: Any) -> Result:
+        out: dict[str, Assembly] = {}
+        async for _ in self._run(prompt, kwargs, out):
+            pass
+        asm = out["asm"]
+        assert asm.result is not None
+        return asm.result
+
+    async def stream(self, prompt: str | None = None, **kwargs: Any) -> AsyncIterator[Delta]:
+        """Yields Deltas; the final Result is not returned (use generate for stats)."""
+        async for delta in self._run(prompt, kwargs, {}):
+            yield delta
+
+    async def status(self) -> p.StatusReply:
+        box = self._box(None)
+        await self._sock.send(p.encode(p.StatusQuery()))
+        msg = await self._get(box, None)
+        if isinstance(msg, p.Error):
+            raise from_error(msg)
+        if not isinstance(msg, p.StatusReply):
+            raise TandemError(f"unexpected reply {msg.TYPE}")
+        return msg
+
+    async def _run(self, prompt: str | None, kwargs: dict, out: dict) -> AsyncIterator[Delta]:
+        kwargs.setdefault("stream", True)
+        submit = make_submit(prompt, **kwargs)
+        rid = submit.request_id
+        box = self._box(rid)
+        asm = out["asm"] = Assembly(rid)
+        await self._sock.send(p.encode(submit))
+        try:
+            while asm.result is None:
+                delta = asm.apply(await self._get(box, rid))
+                if delta is not None:
+                    yield delta
+        finally:
+            self._boxes.pop(rid, None)
+
+    def _box(self, rid: str | None) -> asyncio.Queue[p.Message]:
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.get_running_loop().create_task(self._read())
+        return self._boxes.setdefault(rid, asyncio.Queue())
+
+    async def _get(self, box: asyncio.Queue[p.Message], rid: str | None) -> p.Message:
+        try:
+            return await asyncio.wait_for(box.get(), self.timeout_s)
+        except TimeoutError:
+            if rid is not None:
+                await self._sock.send(p.encode(p.Cancel(rid)))
+            raise RequestTimeout(f"no reply for {self.timeout_s}s", rid) from None
+
+    async def _read(self) -> None:
+        while True:
+            frame = await self._sock.recv()
+            try:
+                msg: p.Message = p.decode(frame)
+            except p.ProtocolError as exc:
+                msg = p.Error(exc.code, exc.message, exc.request_id)
+            box = self._boxes.get(request_id_of(msg))
+            if box is not None:
+                box.put_nowait(msg)

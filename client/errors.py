@@ -1,0 +1,59 @@
+"""Typed errors raised by the client library, one per protocol error code."""
+
+from __future__ import annotations
+
+from common import protocol as p
+
+
+class TandemError(Exception):
+    """A request failed; ``code`` is the protocol error code."""
+
+    code = "error"
+
+    def __init__(self, message: str, request_id: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.request_id = request_id
+        if code:
+            self.code = code
+
+
+class BadRequest(TandemError):
+    code = p.BAD_REQUEST
+
+
+class PromptTooLong(BadRequest):
+    code = p.PROMPT_TOO_LONG
+
+
+class VersionMismatch(TandemError):
+    code = p.VERSION_MISMATCH
+
+
+class NoWorkers(TandemError):
+    code = p.NO_WORKERS
+
+
+class WorkerLost(TandemError):
+    code = p.WORKER_LOST
+
+
+class Overloaded(TandemError):
+    code = p.OVERLOADED
+
+
+class RequestTimeout(TandemError, TimeoutError):
+    code = "timeout"
+
+
+_BY_CODE: dict[str, type[TandemError]] = {
+    cls.code: cls
+    for cls in (BadRequest, PromptTooLong, VersionMismatch, NoWorkers, WorkerLost, Overloaded)
+}
+_BY_CODE[p.BAD_FRAME] = BadRequest
+_BY_CODE[p.DUPLICATE_REQUEST] = BadRequest
+
+
+def from_error(msg: p.Error) -> TandemError:
+    cls = _BY_CODE.get(msg.code, TandemError)
+    return cls(msg.message, msg.request_id, msg.code)

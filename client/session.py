@@ -1,0 +1,96 @@
+"""What the sync and async clients share: building Submits and assembling results."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from client.errors import TandemError, from_error
+from common import protocol as p
+
+
+@dataclass
+class Result:
+    """A finished generation."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stats: dict[str, Any]
+    worker: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "worker": self.worker,
+            "stats": self.stats,
+        }
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A piece of a streamed generation."""
+
+    token_ids: list[int]
+    text: str
+
+
+def make_submit(
+    prompt: str | None = None,
+    *,
+    tokens: list[int] | None = None,
+    messages: list[dict[str, Any]] | None = None,
+    request_id: str | None = None,
+    **options: Any,
+) -> p.Submit:
+    """A Submit with a fresh request id; ``options`` are Submit's other fields."""
+    return p.Submit(
+        request_id=request_id or uuid.uuid4().hex,
+        prompt=prompt,
+        tokens=tokens,
+        messages=messages,
+        **options,
+    )
+
+
+@dataclass
+class Assembly:
+    """Folds the router's messages for one request into a Result."""
+
+    request_id: str
+    worker: str | None = None
+    token_ids: list[int] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    result: Result | None = None
+
+    def apply(self, msg: p.Message) -> Delta | None:
+        """Update from one message; returns a Delta for token messages, raises on Error."""
+        if isinstance(msg, p.Accepted):
+            self.worker = msg.worker_id
+        elif isinstance(msg, p.TokenDelta):
+            self.token_ids.extend(msg.token_ids)
+            self.text.append(msg.text)
+            return Delta(list(msg.token_ids), msg.text)
+        elif isinstance(msg, p.Done):
+            self.result = Result(
+                self.request_id,
+                "".join(self.text),
+                self.token_ids,
+                msg.finish_reason,
+                msg.stats,
+                self.worker or msg.stats.get("worker"),
+            )
+        elif isinstance(msg, p.Error):
+            raise from_error(msg)
+        else:
+            raise TandemError(f"unexpected {msg.TYPE} for request {self.request_id}")
+        return None
+
+
+def request_id_of(msg: p.Message) -> str | None:
+    return getattr(msg, "request_id", None)

@@ -1,0 +1,157 @@
+"""The blocking client. One socket per Client; not thread-safe (use one per thread)."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+from collections.abc import Iterator
+from typing import Any
+
+from client.errors import RequestTimeout, TandemError, from_error
+from client.session import Assembly, Delta, Result, make_submit, request_id_of
+from common import protocol as p
+from common.settings import addresses
+from common.transport import DealerSocket
+
+
+class Client:
+    """Talks to a tandem router.
+
+    ``timeout_s``: the longest silence tolerated while a request runs (no token,
+    no reply); then the request is cancelled and RequestTimeout raised.
+    ``connect_timeout_s`` / ``retries``: a request not accepted in time is sent
+    again on a fresh socket (the router may have restarted), up to ``retries`` times.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        timeout_s: float = 300.0,
+        connect_timeout_s: float = 10.0,
+        retries: int = 2,
+    ) -> None:
+        self.address = address or addresses().client
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.retries = retries
+        self._sock = DealerSocket(self.address)
+        self._mail: dict[str | None, deque[p.Message]] = defaultdict(deque)
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ public API
+    def generate(self, prompt: str | None = None, **kwargs: Any) -> Result:
+        """Run one request to completion (see ``stream`` for the arguments)."""
+        stream = self.stream(prompt, **kwargs)
+        for _ in stream:
+            pass
+        return stream.result
+
+    def stream(self, prompt: str | None = None, **kwargs: Any) -> Stream:
+        """Start a request; iterate the returned Stream for Deltas, then read ``.result``.
+
+        Keyword arguments: tokens, messages, max_tokens, temperature, top_p, top_k,
+        seed, stop, ignore_eos, worker, prefill_only, request_id.
+        """
+        kwargs.setdefault("stream", True)
+        submit = make_submit(prompt, **kwargs)
+        return Stream(self, submit)
+
+    def status(self) -> p.StatusReply:
+        reply = self._call(p.StatusQuery(), (p.StatusReply,))
+        assert isinstance(reply, p.StatusReply)
+        return reply
+
+    def ping(self) -> p.Welcome:
+        reply = self._call(p.Hello(name="tandem-client"), (p.Welcome,))
+        assert isinstance(reply, p.Welcome)
+        return reply
+
+    def cancel(self, request_id: str) -> None:
+        self._sock.send(p.Cancel(request_id))
+
+    # ------------------------------------------------------------ plumbing
+    def _call(self, msg: p.Message, expect: tuple[type, ...]) -> p.Message:
+        """Request/reply without a request id, retried on a fresh socket (Lazy Pirate)."""
+        for _attempt in range(self.retries + 1):
+            self._sock.send(msg)
+            reply = self._next(None, self.connect_timeout_s)
+            if reply is None:
+                self._reconnect()
+                continue
+            if isinstance(reply, p.Error):
+                raise from_error(reply)
+            if isinstance(reply, expect):
+                return reply
+            raise TandemError(f"unexpected reply {reply.TYPE}")
+        raise RequestTimeout(f"no reply from the router at {self.address}")
+
+    def _reconnect(self) -> None:
+        self._sock.close()
+        self._sock = DealerSocket(self.address)
+
+    def _next(self, request_id: str | None, timeout_s: float) -> p.Message | None:
+        """The next message for ``request_id`` (None: replies without an id)."""
+        box = self._mail[request_id]
+        deadline = time.monotonic() + timeout_s
+        while not box:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0 or not self._sock.poll(left_ms):
+                return None
+            msg = self._sock.recv()
+            if isinstance(msg, p.ProtocolError):
+                msg = p.Error(msg.code, msg.message, msg.request_id)
+            self._mail[request_id_of(msg)].append(msg)
+        return box.popleft()
+
+
+class Stream:
+    """Iterate for Deltas; ``result`` holds the finished Result afterwards."""
+
+    def __init__(self, client: Client, submit: p.Submit) -> None:
+        self.client = client
+        self.submit = submit
+        self.request_id = submit.request_id
+        self._asm = Assembly(submit.request_id)
+        self._accepted = False
+        self._send_with_retry()
+
+    @property
+    def result(self) -> Result:
+        if self._asm.result is None:
+            raise TandemError("the stream has not finished yet")
+        return self._asm.result
+
+    def __iter__(self) -> Iterator[Delta]:
+        c = self.client
+        while self._asm.result is None:
+            msg = c._next(self.request_id, c.timeout_s)
+            if msg is None:
+                c.cancel(self.request_id)
+                raise RequestTimeout(f"no reply for {c.timeout_s}s", self.request_id)
+            delta = self._asm.apply(msg)
+            if delta is not None:
+                yield delta
+
+    def _send_with_retry(self) -> None:
+        """Send; if nothing comes back in time, probe the router. Alive: the request
+        waits there (e.g. for a first worker). Silent: send again on a fresh socket."""
+        c = self.client
+        for _attempt in range(c.retries + 1):
+            c._sock.send(self.submit)
+            msg = c._next(self.request_id, c.connect_timeout_s)
+            if msg is not None:
+                c._mail[self.request_id].appendleft(msg)  # Accepted (or Error): iter reads it
+                return
+            c._sock.send(p.Hello(name="tandem-client"))
+            if c._next(None, c.connect_timeout_s) is not None:
+                return  # the router is alive and holds the request
+            c._reconnect()
+        raise RequestTimeout(f"the router at {c.address} did not accept the request")

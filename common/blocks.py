@@ -1,0 +1,127 @@
+"""Prefix blocks: how a worker tells the router exactly which prompt prefixes it holds.
+
+A token sequence is cut into blocks of ``block_size`` tokens; block i's hash
+chains the hash of block i-1 with block i's tokens, so one hash names a whole
+prefix. A worker advertises the set of block hashes it holds; the router hashes
+an incoming prompt the same way and walks the chain: the number of leading
+hashes present times the block size is exactly what that worker's cache will
+match (workers match at block granularity for this reason).
+
+The set travels as deltas with sequence numbers plus a full listing on request
+and on a slow period (``CacheLog`` on the worker, ``CacheView`` on the router):
+heartbeats stay small, and a lost or reordered delta is detected, not guessed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+_ROOT = b"tandem-prefix-v1"
+
+
+def block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
+    """Chained hashes of every *full* block of ``tokens`` (the tail is ignored)."""
+    hashes: list[int] = []
+    parent = _ROOT
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        chunk = array("i", tokens[start : start + block_size]).tobytes()
+        digest = hashlib.blake2b(parent + chunk, digest_size=8).digest()
+        hashes.append(int.from_bytes(digest, "little") >> 1)  # fits msgpack int64
+        parent = digest
+    return hashes
+
+
+def matched_tokens(hashes: Sequence[int], held: set[int] | frozenset[int], block_size: int) -> int:
+    """Tokens of a prompt (given its block hashes) covered by the ``held`` set."""
+    n = 0
+    for h in hashes:
+        if h not in held:
+            break
+        n += 1
+    return n * block_size
+
+
+class CacheLog:
+    """Worker side: a refcounted multiset of held block hashes and its change log."""
+
+    def __init__(self) -> None:
+        self.refs: dict[int, int] = {}
+        self.seq = 0
+        self._added: set[int] = set()
+        self._removed: set[int] = set()
+        self._full_requested = True  # the first report is always a full listing
+
+    def add(self, hashes: Iterable[int]) -> None:
+        for h in hashes:
+            n = self.refs.get(h, 0)
+            self.refs[h] = n + 1
+            if n == 0 and h in self._removed:
+                self._removed.discard(h)  # removed and re-added since the last report
+            elif n == 0:
+                self._added.add(h)
+
+    def remove(self, hashes: Iterable[int]) -> None:
+        for h in hashes:
+            n = self.refs[h]
+            if n > 1:
+                self.refs[h] = n - 1
+                continue
+            del self.refs[h]
+            if h in self._added:
+                self._added.discard(h)  # added and removed since the last report
+            else:
+                self._removed.add(h)
+
+    def request_full(self) -> None:
+        self._full_requested = True
+
+    def report(self) -> dict[str, Any]:
+        """The ``cache`` field of the next heartbeat (consumes pending changes)."""
+        base = self.seq
+        if self._full_requested:
+            self.seq += 1
+            self._full_requested = False
+            self._added.clear()
+            self._removed.clear()
+            return {"full": True, "seq": self.seq, "blocks": list(self.refs)}
+        if not self._added and not self._removed:
+            return {"full": False, "base": base, "seq": base, "added": [], "removed": []}
+        self.seq += 1
+        out = {
+            "full": False,
+            "base": base,
+            "seq": self.seq,
+            "added": list(self._added),
+            "removed": list(self._removed),
+        }
+        self._added.clear()
+        self._removed.clear()
+        return out
+
+
+class CacheView:
+    """Router side: the block set of one worker, rebuilt from heartbeat reports."""
+
+    def __init__(self) -> None:
+        self.held: set[int] = set()
+        self.seq = -1  # nothing applied yet
+
+    def apply(self, report: dict[str, Any]) -> bool:
+        """Apply one report; False means a delta was missed and a full resync is needed."""
+        try:
+            if report.get("full"):
+                self.held = {int(h) for h in report["blocks"]}
+                self.seq = int(report["seq"])
+                return True
+            base, seq = int(report["base"]), int(report["seq"])
+            if base != self.seq:
+                return seq == self.seq  # an empty delta at our seq is fine; else a gap
+            self.held.difference_update(int(h) for h in report["removed"])
+            self.held.update(int(h) for h in report["added"])
+            self.seq = seq
+            return True
+        except (KeyError, TypeError, ValueError):
+            return False

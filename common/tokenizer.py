@@ -1,0 +1,285 @@
+"""Text <-> token ids, built from a GGUF file's own vocabulary.
+
+The router tokenizes once and sends ids to every worker, so ids here must be
+exactly the ids llama.cpp would produce for the same text. A worker ships its
+`TokenizerSpec` in its READY message; the router rebuilds a `TextTokenizer` from it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+log = logging.getLogger(__name__)
+
+# GGUF `tokenizer.ggml.token_type` values (llama.cpp's llama_token_type).
+_TOKEN_CONTROL = 3
+_TOKEN_USER_DEFINED = 4
+
+# llama.cpp ends generation on these texts whatever the metadata says
+# (llama-vocab.cpp, "special_eog_ids"), including its FIM pad/repo/sep tokens.
+# fmt: off
+EOG_TEXTS = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<｜end▁of▁sentence｜>", "[e~[",
+    # FIM pad / repo / sep
+    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]",
+    "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>",
+})
+# fmt: on
+
+# Pre-tokenizer names from `tokenizer.ggml.pre`, grouped by the regexes llama.cpp
+# applies (llama-vocab.cpp, llm_tokenizer_bpe). Regexes are the HF originals.
+_DIGITS_GPT2 = frozenset(
+    {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"}
+)
+_GPT2 = frozenset({"gpt-2", "gpt2", "phi-2", "mpt", "olmo", "jais", "jina-es", "jina-de"})
+_LLAMA3 = frozenset(
+    {"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "dbrx", "smaug-bpe", "lfm2"}
+)
+_QWEN2 = frozenset({"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"})
+_LLAMA3_RE = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_RE = _LLAMA3_RE.replace(r"\p{N}{1,3}", r"\p{N}")
+_ADD_BOS_BY_DEFAULT = _LLAMA3 | {"tekken", "chameleon"}
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """Everything needed to rebuild the model's tokenizer in another process."""
+
+    tokenizer_json: str  # an HF `tokenizers` JSON document
+    chat_template: str | None  # Jinja text from GGUF `tokenizer.chat_template`
+    eos_ids: tuple[int, ...]  # every id that ends generation, the metadata's eos first
+    bos_id: int | None
+    add_bos: bool
+
+    def to_wire(self) -> dict[str, Any]:
+        """A msgpack-able dict (travels in a worker's READY message)."""
+        return {
+            "tokenizer_json": self.tokenizer_json,
+            "chat_template": self.chat_template,
+            "eos_ids": list(self.eos_ids),
+            "bos_id": self.bos_id,
+            "add_bos": self.add_bos,
+        }
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> TokenizerSpec:
+        """Inverse of `to_wire`; raises ValueError on anything malformed."""
+        if not isinstance(d, dict):
+            raise ValueError(f"tokenizer spec must be a dict, got {type(d).__name__}")
+        expected = {"tokenizer_json", "chat_template", "eos_ids", "bos_id", "add_bos"}
+        if set(d) != expected:
+            raise ValueError(f"tokenizer spec keys {sorted(d)} != {sorted(expected)}")
+        tj, tmpl, eos = d["tokenizer_json"], d["chat_template"], d["eos_ids"]
+        bos, add_bos = d["bos_id"], d["add_bos"]
+        if not isinstance(tj, str) or not tj.lstrip().startswith("{"):
+            raise ValueError("tokenizer_json must be a JSON object string")
+        if tmpl is not None and not isinstance(tmpl, str):
+            raise ValueError("chat_template must be a string or None")
+        if not isinstance(eos, list | tuple) or not all(_is_id(i) for i in eos):
+            raise ValueError(f"eos_ids must be a list of non-negative ints, got {eos!r}")
+        if bos is not None and not _is_id(bos):
+            raise ValueError(f"bos_id must be a non-negative int or None, got {bos!r}")
+        if not isinstance(add_bos, bool) or (add_bos and bos is None):
+            raise ValueError("add_bos must be a bool, and needs a bos_id")
+        return cls(tj, tmpl, tuple(eos), bos, add_bos)
+
+
+def _is_id(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def tokenizer_spec_from_gguf(path: str | Path) -> TokenizerSpec:
+    """Read a GGUF file's tokenizer metadata (no weights) into a `TokenizerSpec`.
+
+    Cached per (path, mtime): building from ~50k tokens takes seconds.
+    """
+    resolved = Path(path).resolve()
+    return _spec_from_gguf_cached(str(resolved), resolved.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _spec_from_gguf_cached(path: str, mtime_ns: int) -> TokenizerSpec:
+    from gguf import GGUFReader  # heavy import, only needed here
+
+    meta = _GgufMeta(GGUFReader(path))
+    model = meta.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ValueError(f"{path}: tokenizer model {model!r} is not supported (only 'gpt2' BPE)")
+    tokens: list[str] = meta.get("tokenizer.ggml.tokens")
+    types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    pre = meta.get("tokenizer.ggml.pre") or "default"
+    tokenizer_json = _build_tokenizer_json(tokens, types, meta.get("tokenizer.ggml.merges"), pre)
+
+    eos_ids = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    eos_ids += [i for i, t in enumerate(tokens) if t in EOG_TEXTS]
+    bos_id = meta.get("tokenizer.ggml.bos_token_id")
+    add_bos = meta.get("tokenizer.ggml.add_bos_token")
+    if add_bos is None:
+        add_bos = pre in _ADD_BOS_BY_DEFAULT
+    return TokenizerSpec(
+        tokenizer_json=tokenizer_json,
+        chat_template=meta.get("tokenizer.chat_template"),
+        eos_ids=tuple(dict.fromkeys(i for i in eos_ids if i is not None)),  # dedup, keep order
+        bos_id=bos_id,
+        add_bos=bool(add_bos) and bos_id is not None,
+    )
+
+
+class _GgufMeta:
+    """Typed access to GGUF key/values through the `gguf` reader's raw parts."""
+
+    def __init__(self, reader: Any) -> None:
+        self._fields = reader.fields
+
+    def get(self, key: str) -> Any:
+        from gguf import GGUFValueType
+
+        f = self._fields.get(key)
+        if f is None:
+            return None
+        kind = f.types[0]
+        if kind == GGUFValueType.ARRAY:
+            if f.types[-1] == GGUFValueType.STRING:
+                return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+            return [f.parts[i].tolist()[0] for i in f.data]
+        if kind == GGUFValueType.STRING:
+            return bytes(f.parts[f.data[0]]).decode("utf-8")
+        value = f.parts[f.data[0]].tolist()[0]
+        return bool(value) if kind == GGUFValueType.BOOL else value
+
+
+def _pre_tokenizer(pre: str) -> tuple[Any, bool]:
+    """(HF pre-tokenizer, ignore_merges) matching llama.cpp's splitting for `pre`."""
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in _DIGITS_GPT2:
+        # llama.cpp splits every digit apart before the GPT-2 regex.
+        digits = pre_tokenizers.Digits(individual_digits=True)
+        return pre_tokenizers.Sequence([digits, byte_level]), False
+    if pre in _LLAMA3 or pre in _QWEN2:
+        regex = _LLAMA3_RE if pre in _LLAMA3 else _QWEN2_RE
+        split = pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False)
+        raw_bytes = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        return pre_tokenizers.Sequence([split, raw_bytes]), pre in _LLAMA3
+    if pre not in _GPT2:
+        log.warning("unknown GGUF pre-tokenizer %r: using GPT-2 ByteLevel; ids may differ", pre)
+    return byte_level, False
+
+
+def _build_tokenizer_json(tokens: list[str], types: list[int], merges: list[str], pre: str) -> str:
+    """An HF tokenizer JSON for a GPT-2 style byte-level BPE vocabulary."""
+    vocab: dict[str, int] = {}
+    for i, text in enumerate(tokens):
+        # As llama.cpp's loader: empty texts get a placeholder, a duplicate's last id wins.
+        vocab[text or f"[EMPTY_{i}]"] = i
+    pairs = [tuple(m.split(" ", 1)) for m in merges or []]
+    pre_tok, ignore_merges = _pre_tokenizer(pre)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges))
+    tok.pre_tokenizer = pre_tok
+    tok.decoder = decoders.ByteLevel()
+    # Control tokens are matched in text only when special parsing is on;
+    # user-defined ones always (llama.cpp tokenizer_st_partition).
+    control = [i for i, t in enumerate(types) if t == _TOKEN_CONTROL]
+    user = [i for i, t in enumerate(types) if t == _TOKEN_USER_DEFINED]
+    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in control])
+    tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in user])
+    return tok.to_str()
+
+
+class TextTokenizer:
+    """Encode, decode and chat-format text with a model's own tokenizer."""
+
+    def __init__(self, spec: TokenizerSpec) -> None:
+        self.spec = spec
+        self._tok = Tokenizer.from_str(spec.tokenizer_json)
+        self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
+        self._template = _compile_template(spec.chat_template)
+
+    @functools.cached_property
+    def _tok_plain(self) -> Tokenizer:
+        """A second instance that reads control-token text as plain text."""
+        tok = Tokenizer.from_str(self.spec.tokenizer_json)
+        tok.encode_special_tokens = True
+        return tok
+
+    def encode(self, text: str, *, parse_special: bool = True) -> list[int]:
+        """Token ids as llama.cpp's `llama_tokenize` gives them (BOS only if `add_bos`).
+
+        With `parse_special` (the default, needed for chat-template output),
+        control-token text such as ``<|im_start|>`` becomes its single id.
+        """
+        tok = self._tok if parse_special else self._tok_plain
+        ids = tok.encode(text, add_special_tokens=False).ids
+        if self.spec.add_bos and self.spec.bos_id is not None:
+            ids.insert(0, self.spec.bos_id)
+        return ids
+
+    def decode(self, ids: list[int], *, skip_special: bool = False) -> str:
+        """Text of `ids`; an incomplete UTF-8 sequence at the end decodes as U+FFFD."""
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
+        """Render `messages` with the model's chat template, ready for the reply.
+
+        Raises ValueError when the model has no template, a message is not a dict
+        with string ``role`` and ``content``, or the template itself rejects them.
+        """
+        if self._template is None:
+            raise ValueError("this model has no chat template")
+        _check_messages(messages)
+        bos = self._token_text(self.spec.bos_id)
+        eos = self._token_text(self.spec.eos_ids[0] if self.spec.eos_ids else None)
+        try:
+            return self._template.render(
+                messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos
+            )
+        except jinja2.TemplateError as e:
+            raise ValueError(f"chat template failed: {e}") from e
+
+    def _token_text(self, token_id: int | None) -> str:
+        return "" if token_id is None else (self._tok.id_to_token(token_id) or "")
+
+
+def _check_messages(messages: object) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ValueError(f"message {i} must be a dict")
+        if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"message {i} needs string 'role' and 'content'")
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _compile_template(source: str | None) -> jinja2.Template | None:
+    """Compile like HF transformers does, so templates written for it render the same."""
+    if source is None:
+        return None
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateError as e:
+        raise ValueError(f"chat template does not compile: {e}") from e

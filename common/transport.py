@@ -1,0 +1,85 @@
+"""Small typed wrappers over the ZeroMQ sockets tandem uses.
+
+One ``zmq.Context`` per process (``zmq.Context.instance()``). The router binds
+ROUTER sockets; clients and workers connect DEALER sockets. A socket belongs to
+the thread that created it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from common import protocol
+from common.protocol import Message, ProtocolError
+
+log = logging.getLogger(__name__)
+
+
+def context() -> zmq.Context:
+    return zmq.Context.instance()
+
+
+class RouterSocket:
+    """A bound ROUTER socket: every message comes with the sender's identity."""
+
+    def __init__(self, address: str) -> None:
+        self.sock = context().socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        # Fail loudly instead of silently dropping frames to a peer that left.
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.bind(address)
+        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def send(self, identity: bytes, msg: Message) -> bool:
+        """Send to one peer; False when the peer is gone (never raises for that)."""
+        try:
+            self.sock.send_multipart([identity, protocol.encode(msg)], flags=zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError as exc:  # EHOSTUNREACH (peer left) or EAGAIN (peer stalled)
+            log.warning("dropping %s to %r: %s", msg.TYPE, identity, exc)
+            return False
+
+    def recv(self) -> tuple[bytes, Message | ProtocolError]:
+        """One message, or the ProtocolError that describes why it was rejected."""
+        parts = self.sock.recv_multipart()
+        identity = parts[0]
+        if len(parts) != 2:
+            return identity, ProtocolError(
+                protocol.BAD_FRAME, f"expected 1 frame, got {len(parts) - 1}"
+            )
+        try:
+            return identity, protocol.decode(parts[1])
+        except ProtocolError as exc:
+            return identity, exc
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+class DealerSocket:
+    """A connected DEALER socket (client or worker side)."""
+
+    def __init__(self, address: str, identity: bytes | None = None) -> None:
+        self.sock = context().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        if identity:
+            self.sock.setsockopt(zmq.IDENTITY, identity)
+        self.sock.connect(address)
+        self.address = address
+
+    def send(self, msg: Message) -> None:
+        self.sock.send(protocol.encode(msg))
+
+    def poll(self, timeout_ms: int) -> bool:
+        return bool(self.sock.poll(timeout_ms, zmq.POLLIN))
+
+    def recv(self) -> Message | ProtocolError:
+        try:
+            return protocol.decode(self.sock.recv())
+        except ProtocolError as exc:
+            return exc
+
+    def close(self) -> None:
+        self.sock.close(linger=0)

@@ -1,0 +1,125 @@
+"""The worker's I/O thread: the only owner of the DEALER socket to the router.
+
+The compute thread never touches the network. It hands outgoing messages to this
+thread through an inproc PUSH/PULL pipe (so a send wakes the poller at once) and
+receives assignments through ``Engine.inbox``. This thread also registers with
+the router (Ready, retried with backoff until Welcome), re-registers when the
+router has forgotten the worker (router restart), and re-sends the latest
+heartbeat whenever the compute thread is busy inside a long model step, so a
+worker in the middle of a big prefill is never mistaken for a dead one.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import zmq
+
+from common import protocol as p
+from common.transport import DealerSocket, context
+
+log = logging.getLogger(__name__)
+
+_HB, _MSG = b"hb", b"msg"
+READY_BACKOFF_MAX_S = 5.0
+
+
+class WorkerLink:
+    def __init__(self, router_addr: str, ready: p.Ready, inbox: queue.Queue[p.Message]) -> None:
+        self.router_addr = router_addr
+        self.ready = ready
+        self.inbox = inbox
+        self.registered = threading.Event()
+        self.fatal: str | None = None  # set when the router refuses us for good
+        self._pipe_addr = f"inproc://tandem-worker-{id(self)}"
+        self._pull = context().socket(zmq.PULL)
+        self._pull.bind(self._pipe_addr)
+        self._local = threading.local()
+
+    def emit(self, msg: p.Message) -> None:
+        """Send ``msg`` to the router; callable from any thread but this one."""
+        push = getattr(self._local, "push", None)
+        if push is None:
+            push = self._local.push = context().socket(zmq.PUSH)
+            push.setsockopt(zmq.LINGER, 1000)
+            push.connect(self._pipe_addr)
+        kind = _HB if isinstance(msg, p.Heartbeat) else _MSG
+        push.send_multipart([kind, p.encode(msg)])
+
+    def run(self, stop: threading.Event) -> None:
+        dealer = DealerSocket(self.router_addr, identity=self.ready.worker_id.encode())
+        poller = zmq.Poller()
+        poller.register(dealer.sock, zmq.POLLIN)
+        poller.register(self._pull, zmq.POLLIN)
+        backoff_s, next_ready = 0.25, 0.0
+        last_hb: bytes | None = None
+        last_sent = 0.0
+        hb_s = self.ready.heartbeat_s
+        try:
+            while not stop.is_set():
+                now = time.monotonic()
+                if not self.registered.is_set() and now >= next_ready:
+                    dealer.send(self.ready)
+                    next_ready, backoff_s = now + backoff_s, min(backoff_s * 2, READY_BACKOFF_MAX_S)
+                events = dict(poller.poll(timeout=int(hb_s * 250)))
+                if self._pull in events:
+                    while self._pull.poll(0):
+                        kind, frame = self._pull.recv_multipart()
+                        if kind == _HB:
+                            last_hb = frame
+                        if kind == _MSG or self.registered.is_set():
+                            dealer.sock.send(frame)
+                            last_sent = time.monotonic() if kind == _HB else last_sent
+                if dealer.sock in events:
+                    while dealer.poll(0):
+                        if self._dispatch(dealer.recv()):
+                            backoff_s, next_ready = 0.25, 0.0
+                if (
+                    last_hb is not None
+                    and self.registered.is_set()
+                    and time.monotonic() - last_sent >= hb_s
+                ):
+                    dealer.sock.send(last_hb)  # compute thread is busy: repeat the latest state
+                    last_sent = time.monotonic()
+        finally:
+            if self.registered.is_set():
+                dealer.send(p.Goodbye(self.ready.worker_id))
+                time.sleep(0.05)  # let the goodbye leave before the socket closes
+            dealer.close()
+            self._pull.close(linger=0)
+
+    def _dispatch(self, msg: p.Message | p.ProtocolError) -> bool:
+        """Handle one message from the router; True when we must re-register now."""
+        if isinstance(msg, p.ProtocolError):
+            log.warning("bad frame from router: %s", msg)
+        elif isinstance(msg, p.Welcome):
+            if not self.registered.is_set():
+                log.info("registered with router %s", self.router_addr)
+                self.registered.set()
+                self.inbox.put(p.ResyncCache())  # the router starts from an empty view
+        elif isinstance(msg, p.Reregister):
+            log.info("router asked us to register again")
+            self.registered.clear()
+            return True
+        elif isinstance(msg, p.Error):
+            log.error("router error %s: %s", msg.code, msg.message)
+            if msg.code == p.VERSION_MISMATCH and msg.request_id is None:
+                self.fatal = msg.message
+        elif isinstance(msg, p.Assign | p.Cancel | p.ResyncCache):
+            self.inbox.put(msg)
+        else:
+            log.warning("worker ignores %s from router", msg.TYPE)
+        return False
+
+
+def start_link(link: WorkerLink, stop: threading.Event) -> threading.Thread:
+    thread = threading.Thread(target=link.run, args=(stop,), name="tandem-io", daemon=True)
+    thread.start()
+    return thread
+
+
+Emit = Callable[[p.Message], None]

@@ -1,0 +1,142 @@
+"""A worker process: build the backend, start the I/O thread, run the engine."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common import protocol as p
+from workers.engine import Backend, Engine, EngineConfig
+from workers.io import WorkerLink, start_link
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("llama.cpp", "mlx", "sim")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    router: str
+    backend: str = "llama.cpp"
+    model: str | None = None  # None: the embedded default model
+    worker_id: str | None = None
+    device: str = "auto"
+    threads: int = 2
+    n_ctx: int = 8192
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    prefill_tok_s: float | None = None  # None: from the stored profile, else a default
+    decode_tok_s: tuple[float, ...] | None = None
+    profile: str | None = None  # sim backend: its device profile file
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, not {self.backend!r}")
+        if self.threads < 1 or self.n_ctx < 64:
+            raise ValueError("threads must be >= 1 and n_ctx >= 64")
+        if self.prefill_tok_s is not None and self.prefill_tok_s <= 0:
+            raise ValueError("prefill_tok_s must be > 0")
+        if self.decode_tok_s is not None and (not self.decode_tok_s or min(self.decode_tok_s) <= 0):
+            raise ValueError("decode_tok_s must be positive numbers")
+
+    def resolved_id(self, device: str) -> str:
+        return self.worker_id or f"{device}-{socket.gethostname()}-{os.getpid()}"
+
+
+def build_backend(cfg: WorkerConfig) -> Backend:
+    from common.model_files import default_model_path
+
+    model = Path(cfg.model) if cfg.model else default_model_path()
+    if cfg.backend == "llama.cpp":
+        from workers.llama_backend import LlamaBackend
+
+        device = "cpu" if cfg.device == "auto" else cfg.device
+        return LlamaBackend(
+            model,
+            n_ctx=cfg.n_ctx,
+            threads=cfg.threads,
+            max_active=cfg.engine.max_active,
+            cache_entries=cfg.engine.cache_entries,
+            step_tokens=cfg.engine.step_tokens,
+            device=device,
+        )
+    if cfg.backend == "mlx":
+        from workers.mlx_backend import MlxBackend
+
+        return MlxBackend(model, n_ctx=cfg.n_ctx, device=cfg.device, engine=cfg.engine)
+    from workers.sim_backend import SimBackend
+
+    if not cfg.profile:
+        raise ValueError("the sim backend needs --profile FILE")
+    return SimBackend(cfg.profile, n_ctx=cfg.n_ctx, model=model)
+
+
+def rates(cfg: WorkerConfig, backend: Backend) -> tuple[float, list[float]]:
+    """Rates advertised in Ready: flags, else the stored profile, else a rough default."""
+    from workers.profiles import stored_rates
+
+    stored = stored_rates(backend)
+    prefill = cfg.prefill_tok_s or (stored[0] if stored else 200.0)
+    decode = list(cfg.decode_tok_s or (stored[1] if stored else [50.0]))
+    while len(decode) < cfg.engine.max_active:
+        decode.append(decode[-1])  # no data beyond this batch size: assume a plateau
+    return prefill, decode[: cfg.engine.max_active]
+
+
+def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
+    """Serve until SIGINT/SIGTERM (or ``stop``); returns a process exit code."""
+    stop = stop or threading.Event()
+    backend = build_backend(cfg)
+    worker_id = cfg.resolved_id(backend.device)
+    prefill, decode = rates(cfg, backend)
+    ready = p.Ready(
+        worker_id=worker_id,
+        backend=backend.name,
+        device=backend.device,
+        model=backend.model_name,
+        max_active=cfg.engine.max_active,
+        n_ctx=backend.n_ctx,
+        block_size=cfg.engine.block_size,
+        prefill_tok_s=prefill,
+        decode_tok_s=decode,
+        heartbeat_s=cfg.engine.heartbeat_s,
+        tokenizer=backend.tokenizer_spec.to_wire(),
+        max_tokens_limit=cfg.engine.max_tokens_limit,
+    )
+    inbox: queue.Queue[p.Message] = queue.Queue()
+    link = WorkerLink(cfg.router, ready, inbox)
+    engine = Engine(backend, cfg.engine, link.emit, worker_id, inbox)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+    io_thread = start_link(link, stop)
+    log.info(
+        "worker %s (%s on %s, model %s) -> %s",
+        worker_id,
+        backend.name,
+        backend.device,
+        backend.model_name,
+        cfg.router,
+    )
+    watchdog = threading.Thread(target=_watch_fatal, args=(link, stop), daemon=True)
+    watchdog.start()
+    try:
+        engine.run(stop)
+    finally:
+        stop.set()
+        io_thread.join(timeout=2)
+    if link.fatal:
+        log.error("router refused this worker: %s", link.fatal)
+        return 2
+    return 0
+
+
+def _watch_fatal(link: WorkerLink, stop: threading.Event) -> None:
+    while not stop.wait(0.2):
+        if link.fatal:
+            stop.set()

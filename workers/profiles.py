@@ -1,0 +1,43 @@
+"""Stored worker profiles: measured rates per backend/device/model, kept on disk.
+
+``tandem profile`` writes them; a worker starting without rate flags advertises
+the last profile for its backend, device and model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from common.model_files import cache_root
+
+log = logging.getLogger(__name__)
+
+
+def profile_path(backend: str, device: str, model: str) -> Path:
+    safe = "-".join(x.replace("/", "_").replace(" ", "_") for x in (backend, device, model))
+    return cache_root() / "profiles" / f"{safe}.json"
+
+
+def save_profile(backend: str, device: str, model: str, data: dict[str, Any]) -> Path:
+    path = profile_path(backend, device, model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+    return path
+
+
+def stored_rates(backend: Any) -> tuple[float, list[float]] | None:
+    """(prefill tok/s, decode tok/s by batch size) from the stored profile, if any."""
+    path = profile_path(backend.name, backend.device, backend.model_name)
+    try:
+        data = json.loads(path.read_text())
+        return float(data["prefill_tok_s"]), [float(x) for x in data["decode_tok_s"]]
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("ignoring unreadable profile %s: %s", path, exc)
+        return None

@@ -1,0 +1,156 @@
+"""One request's state inside a worker: counters plus a status.
+
+The engine moves a request QUEUED -> PREFILL -> DECODE -> FINISHED; prefill
+progress is ``n_computed`` of ``len(prompt)`` tokens, decode progress is
+``len(output)`` of ``max_tokens``. Text is decoded incrementally from token
+bytes, and stop strings are held back until they can no longer start a match.
+"""
+
+from __future__ import annotations
+
+import codecs
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.protocol import Assign
+
+
+class Status(enum.Enum):
+    QUEUED = "queued"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    id: str
+    prompt: list[int]
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    prefill_only: bool = False
+    status: Status = Status.QUEUED
+    n_cached: int = 0  # prompt tokens reused from the prefix cache
+    n_computed: int = 0  # prompt tokens whose KV exists (cached ones included)
+    n_fed: int = 0  # output tokens fed back through the model (all but the newest)
+    output: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    slot: Any = None  # backend handle while active (llama.cpp seq id, MLX cache)
+    sampler: Any = None  # backend sampler state
+    t_arrive: float = field(default_factory=time.monotonic)
+    t_admit: float = 0.0
+    t_first: float = 0.0
+    t_done: float = 0.0
+    text: TextStream = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.text = TextStream(self.stop)
+
+    @classmethod
+    def from_assign(cls, msg: Assign) -> Request:
+        return cls(
+            id=msg.request_id,
+            prompt=list(msg.tokens),
+            max_tokens=msg.max_tokens,
+            temperature=msg.temperature,
+            top_p=msg.top_p,
+            top_k=msg.top_k,
+            seed=msg.seed,
+            stop=list(msg.stop),
+            ignore_eos=msg.ignore_eos,
+            prefill_only=msg.prefill_only,
+        )
+
+    @property
+    def prefill_remaining(self) -> int:
+        return len(self.prompt) - self.n_computed
+
+    @property
+    def decode_remaining(self) -> int:
+        return 0 if self.prefill_only else self.max_tokens - len(self.output)
+
+    def kv_tokens(self) -> list[int]:
+        """Tokens whose KV this request's slot holds."""
+        return self.prompt[: self.n_computed] + self.output[: self.n_fed]
+
+    def summary(self) -> dict[str, Any]:
+        """This request as a heartbeat lists it."""
+        return {
+            "id": self.id,
+            "prompt": len(self.prompt),
+            "cached": self.n_cached,
+            "prefill_remaining": self.prefill_remaining,
+            "decode_remaining": self.decode_remaining,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        t_prefilled = self.t_first or self.t_done
+        return {
+            "prompt_tokens": len(self.prompt),
+            "cached_tokens": self.n_cached,
+            "output_tokens": len(self.output),
+            "worker_queue_s": max(0.0, (self.t_admit or self.t_done) - self.t_arrive),
+            "prefill_s": max(0.0, t_prefilled - self.t_admit) if self.t_admit else 0.0,
+            "decode_s": max(0.0, self.t_done - self.t_first) if self.t_first else 0.0,
+        }
+
+
+class TextStream:
+    """Incremental detokenization with stop strings.
+
+    ``feed(piece_bytes)`` returns the text that is safe to emit now: multi-byte
+    characters are completed first, and text that could still be the start of a
+    stop string is held back. ``stopped`` turns true at the first stop string;
+    the text before it is emitted, the stop string itself is not.
+    """
+
+    def __init__(self, stop: list[str]) -> None:
+        self.stop = [s for s in stop if s]
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = ""  # decoded but not yet emitted
+        self.stopped = False
+
+    def feed(self, piece: bytes) -> str:
+        if self.stopped:
+            return ""
+        self._pending += self._utf8.decode(piece)
+        return self._release()
+
+    def flush(self) -> str:
+        """Everything still held (at the end of generation)."""
+        if self.stopped:
+            return ""
+        self._pending += self._utf8.decode(b"", final=True)
+        out, self._pending = self._pending, ""
+        return out
+
+    def _release(self) -> str:
+        if not self.stop:
+            out, self._pending = self._pending, ""
+            return out
+        cut = min((i for i in (self._pending.find(s) for s in self.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            out, self._pending = self._pending[:cut], ""
+            return out
+        keep = self._held_suffix()
+        out = self._pending[: len(self._pending) - keep]
+        self._pending = self._pending[len(self._pending) - keep :]
+        return out
+
+    def _held_suffix(self) -> int:
+        """Length of the longest pending suffix that is a proper prefix of a stop string."""
+        best = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(self._pending)), best, -1):
+                if self._pending.endswith(s[:n]):
+                    best = n
+                    break
+        return best
