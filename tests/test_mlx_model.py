@@ -16,6 +16,7 @@ pytest.importorskip("mlx_lm")
 from common.model_files import default_model_path  # noqa: E402
 from common.tokenizer import TextTokenizer  # noqa: E402
 from workers import mlx_model  # noqa: E402
+from workers.gguf_to_mlx import unpermute_rows  # noqa: E402
 from workers.mlx_model import gguf_cache_path, load_mlx_model, make_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.mlx
@@ -96,6 +97,17 @@ def test_stale_cache_format_is_rebuilt(gguf_path: Path, tmp_path: Path, loaded, 
     assert marker["format"] == mlx_model.CACHE_FORMAT
 
 
+def test_corrupt_cache_is_replaced(gguf_path, tmp_path, loaded, cache_dir, monkeypatch):
+    folder = gguf_cache_path(gguf_path, tmp_path)
+    shutil.copytree(gguf_cache_path(gguf_path, cache_dir), folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # as if a copy was cut short
+    load_mlx_model(gguf_path, cache_dir=tmp_path)
+    monkeypatch.setattr(mlx_model, "convert_gguf", None)  # a third load must not convert
+    model, _, _ = load_mlx_model(gguf_path, cache_dir=tmp_path)
+    assert model.model.embed_tokens.bits == 8
+
+
 def test_hf_folder_without_spec_file_gives_the_same_spec(loaded, gguf_path, cache_dir, tmp_path):
     """The cache is a plain mlx-lm folder; its HF tokenizer files rebuild the same spec."""
     _, spec, _ = loaded
@@ -103,6 +115,36 @@ def test_hf_folder_without_spec_file_gives_the_same_spec(loaded, gguf_path, cach
     shutil.copytree(gguf_cache_path(gguf_path, cache_dir), folder)
     (folder / mlx_model.SPEC_FILE).unlink()
     assert mlx_model._spec_from_folder(folder) == spec
+
+
+def _llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's `permute`, the transform the loader must undo."""
+    return (
+        w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def test_unpermute_inverts_llama_cpp_permute_on_quantized_rows() -> None:
+    rng = np.random.default_rng(0)
+    n_heads, head_dim, dim = 3, 8, 64
+    hf = mx.array(rng.standard_normal((n_heads * head_dim, dim)).astype(np.float32))
+    packed = mx.quantize(hf, group_size=32, bits=4)  # (weight, scales, biases), rows = outputs
+    restored = [
+        unpermute_rows(mx.array(_llama_cpp_permute(np.array(p), n_heads)), n_heads) for p in packed
+    ]
+    for before, after in zip(packed, restored, strict=True):
+        assert mx.array_equal(before, after).item()
+    assert not mx.array_equal(packed[0], mx.array(_llama_cpp_permute(np.array(packed[0]), 3)))
+
+
+def test_bad_paths_are_rejected(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        load_mlx_model(tmp_path / "missing.gguf", cache_dir=tmp_path)
+    (tmp_path / "model.bin").write_bytes(b"x")
+    with pytest.raises(ValueError, match="gguf"):
+        load_mlx_model(tmp_path / "model.bin", cache_dir=tmp_path)
 
 
 def _llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:
