@@ -187,7 +187,7 @@ def _build_tokenizer_json(tokens: list[str], types: list[int], merges: list[str]
     for i, text in enumerate(tokens):
         # As llama.cpp's loader: empty texts get a placeholder, a duplicate's last id wins.
         vocab[text or f"[EMPTY_{i}]"] = i
-    pairs = [tuple(m.split(" ", 1)) for m in merges or []]
+    pairs = [(a, b) for a, _, b in (m.partition(" ") for m in merges or [])]
     pre_tok, ignore_merges = _pre_tokenizer(pre)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges))
     tok.pre_tokenizer = pre_tok

@@ -36,10 +36,12 @@ _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "
 
 def convert_gguf(path: Path) -> tuple[nn.Module, TokenizerSpec, dict[str, Any]]:
     """Read a llama-architecture GGUF into an mlx-lm llama Model without dequantizing."""
-    weights, meta = mx.load(str(path), return_metadata=True)
+    loaded: Any = mx.load(str(path), return_metadata=True)  # its stub says a union
+    weights, meta = loaded
     config = _config_from_gguf(meta, weights)
     weights = _rename_and_unpermute(weights, config)
-    config["quantization"] = _quantization_config(weights)
+    if quant := _quantization_config(weights):  # mlx-lm expects no key when unquantized
+        config["quantization"] = quant
     return build_llama(config, weights), tokenizer_spec_from_gguf(path), config
 
 

@@ -53,8 +53,9 @@ def load_mlx_model(
     if _is_current_cache(target):
         try:
             return _load_folder(target)
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError, RuntimeError) as e:  # RuntimeError: mx.load
             log.warning("cached model %s unusable (%s): converting again", target, e)
+            shutil.rmtree(target, ignore_errors=True)
     start_s = time.monotonic()
     model, spec, config = convert_gguf(path)
     log.info("converted %s for MLX in %.1f s", path.name, time.monotonic() - start_s)
@@ -111,12 +112,12 @@ def _save_folder_atomically(
 
 def _hf_tokenizer_config(spec: TokenizerSpec) -> dict[str, Any]:
     tok = Tokenizer.from_str(spec.tokenizer_json)
-    text = {i: tok.id_to_token(i) for i in [spec.bos_id, *spec.eos_ids[:1]] if i is not None}
+    eos_id = spec.eos_ids[0] if spec.eos_ids else None
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "chat_template": spec.chat_template,
-        "bos_token": text.get(spec.bos_id) if spec.bos_id is not None else None,
-        "eos_token": text.get(spec.eos_ids[0]) if spec.eos_ids else None,
+        "bos_token": None if spec.bos_id is None else tok.id_to_token(spec.bos_id),
+        "eos_token": None if eos_id is None else tok.id_to_token(eos_id),
         "add_bos_token": spec.add_bos,
     }
 
