@@ -6,6 +6,8 @@ import logging
 import signal
 import threading
 
+import zmq
+
 from broker.router import Router, RouterConfig
 
 log = logging.getLogger(__name__)
@@ -16,5 +18,11 @@ def run_router(cfg: RouterConfig, stop: threading.Event | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-    Router(cfg).serve(stop)
+    try:
+        router = Router(cfg)
+    except zmq.ZMQError as exc:
+        log.error("cannot bind %s / %s: %s (is another router running?)",
+                  cfg.addresses.client, cfg.addresses.worker, exc)
+        return 1
+    router.serve(stop)
     return 0
