@@ -279,6 +279,8 @@ def decode(frame: bytes) -> Message:
         raise ProtocolError(BAD_FRAME, f"frame is not valid msgpack: {exc}") from None
     if not isinstance(body, dict):
         raise ProtocolError(BAD_FRAME, "frame must be a msgpack map")
+    if not all(isinstance(k, str) for k in body):
+        raise ProtocolError(BAD_FRAME, "frame keys must be strings")
     rid = body.get("request_id") if isinstance(body.get("request_id"), str) else None
     version = body.pop("v", None)
     if version != PROTOCOL_VERSION:
