@@ -48,7 +48,7 @@ class ClientRequest:
     t_first: float = 0.0
     prompt_tokens: int = 0
     cached_estimate: int = 0
-    cancelled: bool = False
+    policy: str = ""  # the policy that chose the worker (forced:<sel> when pinned)
     buffer_ids: list[int] = field(default_factory=list)  # stream=False: held until done
     buffer_text: list[str] = field(default_factory=list)
 

@@ -30,12 +30,11 @@ BAD_REQUEST = "bad_request"  # well-formed frame, invalid content
 VERSION_MISMATCH = "version_mismatch"
 PROMPT_TOO_LONG = "prompt_too_long"
 NO_WORKERS = "no_workers"
-UNKNOWN_REQUEST = "unknown_request"
 DUPLICATE_REQUEST = "duplicate_request"
 WORKER_LOST = "worker_lost"
-WORKER_ERROR = "worker_error"
+WORKER_ERROR = "worker_error"  # the backend failed while running the request
+INTERNAL = "internal"  # the router hit a bug handling the request
 OVERLOADED = "overloaded"
-CANCELLED = "cancelled"
 
 
 class ProtocolError(ValueError):
@@ -179,6 +178,7 @@ class Ready(Message):
     heartbeat_s: float
     tokenizer: dict[str, Any]  # common.tokenizer.TokenizerSpec.to_wire()
     max_tokens_limit: int = 4096
+    instance: str = ""  # random per process start: tells a restart from a repeated Ready
 
 
 @dataclass
@@ -345,4 +345,6 @@ def _conforms(value: Any, hint: Any) -> bool:
 
 
 def _type_name(hint: Any) -> str:
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+    if typing.get_origin(hint) is not None:  # list[int], str | None, ...
+        return str(hint).replace("typing.", "")
+    return getattr(hint, "__name__", str(hint))

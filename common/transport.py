@@ -1,8 +1,8 @@
 """Small typed wrappers over the ZeroMQ sockets tandem uses.
 
 One ``zmq.Context`` per process (``zmq.Context.instance()``). The router binds
-ROUTER sockets; clients and workers connect DEALER sockets. A socket belongs to
-the thread that created it.
+ROUTER sockets; clients and workers connect DEALER sockets. A socket is used by
+one thread only (it may be created on another before that thread starts).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ class RouterSocket:
         self.sock.setsockopt(zmq.LINGER, 0)
         # Fail loudly instead of silently dropping frames to a peer that left.
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # Token streams are many small frames: a deep queue absorbs a slow reader.
+        self.sock.setsockopt(zmq.SNDHWM, 100_000)
         self.sock.bind(address)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
 

@@ -167,3 +167,35 @@ def test_heartbeat_lists_remaining_work():
     assert a == {"id": "a", "prompt": 6, "cached": 0, "prefill_remaining": 2, "decode_remaining": 5}
     assert b["prefill_remaining"] == 6 and b["decode_remaining"] == 5
     assert e.active[0].status is Status.PREFILL
+
+
+def test_a_backend_failure_fails_the_step_and_the_engine_keeps_serving():
+    e, b, out = make()
+    real_run = b.run
+
+    def broken(decode, prefill):
+        raise RuntimeError("device lost")
+
+    b.run = broken
+    e.submit(req("a"))
+    e.step()
+    (err,) = [m for m in out if isinstance(m, p.Error)]
+    assert err.request_id == "a" and err.code == p.WORKER_ERROR and "device lost" in err.message
+    assert not e.active and not e.cache.entries, "a failed request's KV is not cached"
+    b.run = real_run
+    e.submit(req("b"))
+    run_all(e)
+    assert done(out)["b"].finish_reason == "length"
+
+
+def test_full_block_listing_is_resent_periodically():
+    import time as _time
+
+    e, _, _ = make()
+    e.cache.log.report()  # consume the initial full listing
+    assert e.heartbeat().cache["full"] is False
+    e._last_full = _time.monotonic() - e.cfg.full_resync_s - 1
+    out_before = len(e.emit.__self__)
+    e.maybe_heartbeat()
+    hb = e.emit.__self__[out_before]
+    assert isinstance(hb, p.Heartbeat) and hb.cache["full"] is True

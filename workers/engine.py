@@ -70,6 +70,7 @@ class EngineConfig:
     cache_entries: int = 16
     heartbeat_s: float = 0.5
     max_tokens_limit: int = 4096
+    full_resync_s: float = 30.0  # a full block listing this often, whatever the deltas said
 
     def __post_init__(self) -> None:
         if self.max_active < 1:
@@ -102,6 +103,7 @@ class Engine:
         self._changed = True
         self._hb_seq = 0
         self._last_hb = 0.0
+        self._last_full = time.monotonic()
 
     # ------------------------------------------------------------ the loop
     def run(self, stop: threading.Event) -> None:
@@ -216,7 +218,10 @@ class Engine:
             self.emit(p.TokenDelta(req.id, [], tail))
         self.active.remove(req)
         handle = self.backend.end(req)
-        _, to_free = self.cache.insert(req.kv_tokens(), handle)
+        if reason == "error":  # its KV is what we are short of (or is suspect): drop it
+            to_free = [handle]
+        else:
+            _, to_free = self.cache.insert(req.kv_tokens(), handle)
         for h in to_free:
             self.backend.free(h)
         if notify:
@@ -224,20 +229,39 @@ class Engine:
         self._changed = True
 
     def _run(self, decode: list[Request], prefill: list[tuple[Request, int]]) -> dict | None:
-        """backend.run, evicting cache entries while the KV pool is full."""
+        """backend.run, evicting cache entries while the KV pool is full.
+
+        None when the step could not run: then the requests it had to give up
+        have already been failed (one per retry when KV is exhausted, all of the
+        step's requests when the backend itself failed).
+        """
         while True:
             try:
                 return self.backend.run(decode, prefill)
             except KVFull:
-                handle = self.cache.evict_one()
-                if handle is not None:
-                    self.backend.free(handle)
-                    self._changed = True
+                if self._make_room():
                     continue
                 victim = self.active[-1]  # newest admitted: least work lost
-                self.emit(p.Error(p.OVERLOADED, "KV cache full; retry later", victim.id))
-                self.finish(victim, "error", notify=False)
+                self._fail([victim], p.OVERLOADED, "KV cache full; retry later")
                 return None
+            except Exception as exc:  # a backend failure fails its step, not the worker
+                log.exception("backend step failed")
+                self._fail(decode + [r for r, _ in prefill], p.WORKER_ERROR, f"backend: {exc}")
+                return None
+
+    def _make_room(self) -> bool:
+        handle = self.cache.evict_one()
+        if handle is None:
+            return False
+        self.backend.free(handle)
+        self._changed = True
+        return True
+
+    def _fail(self, reqs: list[Request], code: str, message: str) -> None:
+        for r in reqs:
+            if r.status is not Status.FINISHED:
+                self.emit(p.Error(code, message, r.id))
+                self.finish(r, "error", notify=False)
 
     def _prefill_done(self, req: Request) -> None:
         if req.prefill_only:
@@ -284,6 +308,9 @@ class Engine:
     # ------------------------------------------------------------ heartbeats
     def maybe_heartbeat(self) -> None:
         now = time.monotonic()
+        if now - self._last_full >= self.cfg.full_resync_s:
+            self.cache.log.request_full()  # heals any delta the router silently lost
+            self._last_full = now
         if self._changed or now - self._last_hb >= self.cfg.heartbeat_s:
             self.emit(self.heartbeat())
             self._last_hb = now

@@ -96,19 +96,23 @@ class WorkerLink:
         """Handle one message from the router; True when we must re-register now."""
         if isinstance(msg, p.ProtocolError):
             log.warning("bad frame from router: %s", msg)
+            if msg.code == p.VERSION_MISMATCH:  # the router speaks another version
+                self.fatal = msg.message
         elif isinstance(msg, p.Welcome):
             if not self.registered.is_set():
                 log.info("registered with router %s", self.router_addr)
                 self.registered.set()
                 self.inbox.put(p.ResyncCache())  # the router starts from an empty view
         elif isinstance(msg, p.Reregister):
+            if not self.registered.is_set():
+                return False  # a Ready is already on its way (with backoff)
             log.info("router asked us to register again")
             self.registered.clear()
             return True
         elif isinstance(msg, p.Error):
             log.error("router error %s: %s", msg.code, msg.message)
-            if msg.code == p.VERSION_MISMATCH and msg.request_id is None:
-                self.fatal = msg.message
+            if msg.request_id is None and not self.registered.is_set():
+                self.fatal = msg.message  # our Ready was refused: retrying cannot help
         elif isinstance(msg, p.Assign | p.Cancel | p.ResyncCache):
             self.inbox.put(msg)
         else:

@@ -8,6 +8,7 @@ import queue
 import signal
 import socket
 import threading
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,7 +81,8 @@ def rates(cfg: WorkerConfig, backend: Backend) -> tuple[float, list[float]]:
     """Rates advertised in Ready: flags, else the stored profile, else a rough default."""
     from workers.profiles import stored_rates
 
-    stored = stored_rates(backend)
+    # A simulated device's profile file is its definition: advertise exactly that.
+    stored = getattr(backend, "profile_rates", None) or stored_rates(backend)
     prefill = cfg.prefill_tok_s or (stored[0] if stored else 200.0)
     decode = list(cfg.decode_tok_s or (stored[1] if stored else [50.0]))
     while len(decode) < cfg.engine.max_active:
@@ -107,6 +109,7 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
         heartbeat_s=cfg.engine.heartbeat_s,
         tokenizer=backend.tokenizer_spec.to_wire(),
         max_tokens_limit=cfg.engine.max_tokens_limit,
+        instance=uuid.uuid4().hex,
     )
     inbox: queue.Queue[p.Message] = queue.Queue()
     link = WorkerLink(cfg.router, ready, inbox)
