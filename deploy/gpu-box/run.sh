@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# On the GPU box, from the repository root: install the staged wheels once (into
+# /tmp/site, no index), point tandem at the staged model, then run "$@".
+#   bash deploy/gpu-box/run.sh python3 -m client profile --backend mlx --device gpu
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+parts=${TANDEM_PARTS:-/root/parts}
+if [ ! -f /tmp/site/.tandem-staged ]; then
+  mkdir -p /root/stage
+  cat "$parts"/chunk.* | tar xf - -C /root/stage
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site $(find /root/stage -name '*.whl')
+  touch /tmp/site/.tandem-staged
+fi
+export PYTHONPATH="/tmp/site:$root${PYTHONPATH:+:$PYTHONPATH}"
+export TANDEM_MODEL=${TANDEM_MODEL:-$(find /root/stage -name '*.gguf' | head -1)}
+export TANDEM_CACHE_DIR=${TANDEM_CACHE_DIR:-/root/tandem-cache}
+export PYTHONUNBUFFERED=1
+exec "$@"
