@@ -1,18 +1,39 @@
-"""The decision log: one JSON line per routing decision, with every candidate's terms."""
+"""The decision log: one JSON line per routing decision, with every candidate's terms.
+
+A record: ``time`` (unix seconds), ``request`` (the client's id), ``prompt_tokens``,
+``max_tokens`` (the decode estimate the policy saw), ``policy``, ``candidates``
+(per worker: ``id``, ``device``, ``active``, ``queued``, ``cached_tokens`` of this
+prompt, phase_cost's ``P`` and ``D`` tokens, ``prefill_rate``, ``decode_rate`` at
+the batch it would run, and the policy's ``score``), ``choice``, plus any
+``extra`` fields the router adds (e.g. the decode estimate in use).
+P and D are logged whatever the policy, so runs under different policies can be
+compared; ``score`` is always the deciding policy's own.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import IO, Any
 
 from broker.policy import Decision, RouteRequest, WorkerView
 from broker.scoring import phase_terms
 
+log = logging.getLogger(__name__)
+
 
 def decision_record(
-    request_id: str, policy: str, req: RouteRequest, views: list[WorkerView], decision: Decision
+    request_id: str,
+    policy: str,
+    req: RouteRequest,
+    views: list[WorkerView],
+    decision: Decision,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The JSON-able record of one decision (see the module docstring)."""
     candidates = []
     for v in views:
         t = phase_terms(req, v)
@@ -38,10 +59,13 @@ def decision_record(
         "policy": policy,
         "candidates": candidates,
         "choice": decision.worker_id,
+        **(extra or {}),
     }
 
 
 class DecisionLog:
+    """Appends records to a file, one line each, flushed per line (safe to tail)."""
+
     def __init__(self, path: str) -> None:
         self._f: IO[str] = open(path, "a", buffering=1)  # noqa: SIM115 - lives with the router
 
@@ -52,8 +76,28 @@ class DecisionLog:
         req: RouteRequest,
         views: list[WorkerView],
         decision: Decision,
+        extra: dict[str, Any] | None = None,
     ) -> None:
-        self._f.write(json.dumps(decision_record(request_id, policy, req, views, decision)) + "\n")
+        record = decision_record(request_id, policy, req, views, decision, extra)
+        self._f.write(json.dumps(record) + "\n")
 
     def close(self) -> None:
         self._f.close()
+
+
+def read_decisions(path: str | Path) -> Iterator[dict[str, Any]]:
+    """The records of a decision log, in order; unreadable lines are skipped with a warning
+    (a log being appended to may end in a partial line)."""
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                log.warning("%s:%d: not a JSON line, skipped", path, n)
+                continue
+            if isinstance(record, dict) and isinstance(record.get("candidates"), list):
+                yield record
+            else:
+                log.warning("%s:%d: not a decision record, skipped", path, n)

@@ -30,14 +30,18 @@ class Routed:
     prefill_only: bool
     tokens_seen: int = 0
 
-    def load(self, reported: dict[str, Any] | None) -> Load:
-        """This request's remaining work: the heartbeat's numbers, or the ledger's."""
+    def load(self, reported: dict[str, Any] | None, queued: bool = False) -> Load:
+        """This request's remaining work: the heartbeat's numbers, or the ledger's.
+
+        ``queued``: the heartbeat lists it as queued. The worker matches its prefix
+        cache only at admission, so until then the request keeps the cache discount
+        it was routed with; once active, the worker's own numbers hold (even a miss).
+        """
         budget = 0 if self.prefill_only else self.max_tokens - self.tokens_seen
         if reported is None:  # not in a heartbeat yet: keep what routing assumed
             return Load(self.prompt_tokens - self.cached_estimate, budget)
         prefill = int(reported.get("prefill_remaining", 0))
-        if int(reported.get("cached", 0)) == 0 and prefill == self.prompt_tokens:
-            # Still queued on the worker: keep the cache discount it was routed with.
+        if queued:
             prefill -= self.cached_estimate
         return Load(max(0, prefill), max(0, min(int(reported.get("decode_remaining", 0)), budget)))
 
@@ -75,7 +79,7 @@ class WorkerState:
             listed_active = {r.get("id") for r in hb.active}
         active, queued = [], []
         for wid, routed in self.inflight.items():
-            load = routed.load(reported.get(wid))
+            load = routed.load(reported.get(wid), queued=wid not in listed_active)
             (active if wid in listed_active else queued).append(load)
         return WorkerView(
             id=self.id,

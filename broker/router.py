@@ -16,8 +16,9 @@ from typing import Any
 
 import zmq
 
+from broker.calibration import DECODE_ESTIMATES, Calibration
 from broker.decisions import DecisionLog
-from broker.policy import NoCandidate, RouteRequest, parse_policy
+from broker.policy import NoCandidate, parse_policy
 from broker.registry import Routed, WorkerState
 from broker.requests import ClientRequest, validate_submit
 from common import protocol as p
@@ -35,9 +36,13 @@ class RouterConfig:
     liveness_s: float = 3.0  # floor of a worker's liveness window (else 6 heartbeats)
     no_worker_wait_s: float = 30.0  # how long a request waits for a first worker
     decision_log: str | None = None
+    calibrate: bool = False  # update rates from finished requests (broker/calibration.py)
+    decode_estimate: str = "budget"  # "budget" | "ratio"
 
     def __post_init__(self) -> None:
         parse_policy(self.policy)  # raises ValueError on an unknown policy
+        if self.decode_estimate not in DECODE_ESTIMATES:
+            raise ValueError(f"decode_estimate must be one of {DECODE_ESTIMATES}")
         if self.liveness_s <= 0 or self.no_worker_wait_s < 0:
             raise ValueError("liveness_s must be > 0 and no_worker_wait_s >= 0")
 
@@ -56,6 +61,7 @@ class Router:
         self.client_sock = RouterSocket(self.cfg.addresses.client)
         self.worker_sock = RouterSocket(self.cfg.addresses.worker)
         self.decisions = DecisionLog(self.cfg.decision_log) if self.cfg.decision_log else None
+        self.calibration = Calibration(self.cfg.calibrate, self.cfg.decode_estimate)
         self._by_client: dict[tuple[bytes, str], str] = {}
         self._next_id = 0
 
@@ -109,7 +115,10 @@ class Router:
         elif isinstance(msg, p.Cancel):
             self.cancel(identity, msg.request_id)
         elif isinstance(msg, p.StatusQuery):
-            rows = [w.describe() for w in sorted(self.workers.values(), key=lambda w: w.id)]
+            rows = [
+                {**w.describe(), **self.calibration.describe(w.id)}
+                for w in sorted(self.workers.values(), key=lambda w: w.id)
+            ]
             reply(identity, p.StatusReply(self.policy.name, rows, len(self.requests)))
         else:
             reply(identity, p.Error(p.BAD_REQUEST, f"clients may not send {msg.TYPE!r}"))
@@ -139,7 +148,6 @@ class Router:
                     self.client_sock.send(identity, p.Done(request_id, "cancelled", {}))
             return  # unknown or finished: cancel is idempotent
         req = self.requests[wid]
-        req.cancelled = True
         self.worker_sock.send(self.workers[req.worker_id].identity, p.Cancel(wid))
 
     def _is_pending(self, key: tuple[bytes, str]) -> bool:
@@ -157,7 +165,11 @@ class Router:
                 self._fail(req, p.NO_WORKERS, "no worker is connected to the router")
                 continue
             self.pending.popleft()
-            self.route(req)
+            try:
+                self.route(req)
+            except Exception as exc:  # a bug must cost one request an error, not a hang
+                log.exception("routing %s failed", req.submit.request_id)
+                self._fail(req, p.INTERNAL, f"router error: {exc}")
 
     def route(self, req: ClientRequest) -> None:
         sub = req.submit
@@ -173,19 +185,23 @@ class Router:
                 req,
                 p.PROMPT_TOO_LONG,
                 f"prompt ({len(tokens)} tokens) + max_tokens ({req.budget}) exceeds every "
-                f"worker's context (largest {limit})",
+                f"worker's context (largest {limit}) or max_tokens limit",
             )
             return
-        rr = RouteRequest(len(tokens), req.budget)
-        views = [w.view(tokens) for w in candidates]
+        rr = self.calibration.route_request(len(tokens), req.budget)
+        views = [self.calibration.adjust(w.view(tokens)) for w in candidates]
         policy = parse_policy(f"forced:{sub.worker}") if sub.worker else self.policy
         try:
             decision = policy.choose(rr, views)
         except NoCandidate as exc:
-            self._fail(req, p.NO_WORKERS, str(exc))
+            too_long = any(sub.worker in (w.id, w.info.device) for w in self.workers.values())
+            code = p.PROMPT_TOO_LONG if too_long else p.NO_WORKERS
+            self._fail(req, code, f"{exc} that fits this request" if too_long else str(exc))
             return
+        req.policy = policy.name
         if self.decisions:
-            self.decisions.write(sub.request_id, policy.name, rr, views, decision)
+            extra = self.calibration.log_fields()
+            self.decisions.write(sub.request_id, policy.name, rr, views, decision, extra)
         self._assign(req, tokens, self.workers[decision.worker_id], views)
 
     def _assign(self, req: ClientRequest, tokens: list[int], w: WorkerState, views: list) -> None:
@@ -251,6 +267,7 @@ class Router:
         w.last_seen = time.monotonic()
         if isinstance(msg, p.Heartbeat):
             w.heartbeat = msg
+            self.calibration.on_heartbeat(w.id, len(msg.active))
             if not w.cache.apply(msg.cache):
                 self.worker_sock.send(identity, p.ResyncCache())
         elif isinstance(msg, p.TokenDelta | p.Done | p.Error):
@@ -276,6 +293,7 @@ class Router:
             self.tokenizer = TextTokenizer(TokenizerSpec.from_wire(ready.tokenizer))
             self.model = ready.model
         self.workers[ready.worker_id] = WorkerState(identity, ready)
+        self.calibration.register(ready.worker_id, ready.prefill_tok_s, ready.decode_tok_s)
         log.info(
             "worker %s joined: %s on %s, max_active %d",
             ready.worker_id,
@@ -312,19 +330,22 @@ class Router:
             req.on_tokens(msg, time.monotonic())
             if routed := w.inflight.get(wid):
                 routed.tokens_seen += len(msg.token_ids)
-            if sub.stream:
-                self.client_sock.send(
-                    req.client, p.TokenDelta(sub.request_id, msg.token_ids, msg.text)
-                )
+            if sub.stream and not self.client_sock.send(
+                req.client, p.TokenDelta(sub.request_id, msg.token_ids, msg.text)
+            ):
+                # The client is gone (or not reading): stop spending the worker on it.
+                self.worker_sock.send(w.identity, p.Cancel(wid))
+                self._forget(w, req)
             return
         self._forget(w, req)
         if isinstance(msg, p.Done):
+            self.calibration.on_done(w.id, msg.stats, msg.finish_reason, req.budget, req.t_first)
             if not sub.stream and req.buffer_ids:
                 self.client_sock.send(
                     req.client,
                     p.TokenDelta(sub.request_id, req.buffer_ids, "".join(req.buffer_text)),
                 )
-            stats = req.final_stats(msg.stats, time.monotonic(), self.policy.name)
+            stats = req.final_stats(msg.stats, time.monotonic(), req.policy)
             self.client_sock.send(req.client, p.Done(sub.request_id, msg.finish_reason, stats))
         else:
             self.client_sock.send(req.client, p.Error(msg.code, msg.message, sub.request_id))
@@ -338,6 +359,7 @@ class Router:
     def _drop_worker(self, w: WorkerState, why: str) -> None:
         log.warning("worker %s removed: %s", w.id, why)
         self.workers.pop(w.id, None)
+        self.calibration.forget(w.id)
         for wid in list(w.inflight):
             req = self.requests.get(wid)
             if req is not None:

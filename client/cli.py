@@ -70,6 +70,19 @@ client_addr = click.option(
     default=None,
     help="Append one JSON line per routing decision to this file.",
 )
+@click.option(
+    "--calibrate/--no-calibrate",
+    default=False,
+    show_default=True,
+    help="Update worker rates from finished requests (off until a benchmark shows it helps).",
+)
+@click.option(
+    "--decode-estimate",
+    type=click.Choice(["budget", "ratio"]),
+    default="budget",
+    show_default=True,
+    help="Price decode by max_tokens, or scaled by the realized/requested token ratio.",
+)
 def router(
     client_addr: str,
     worker_addr: str,
@@ -77,6 +90,8 @@ def router(
     liveness_s: float,
     no_worker_wait_s: float,
     decision_log: str | None,
+    calibrate: bool,
+    decode_estimate: str,
 ) -> None:
     """Run the router."""
     from broker.main import run_router
@@ -84,7 +99,13 @@ def router(
 
     try:
         cfg = RouterConfig(
-            Addresses(client_addr, worker_addr), policy, liveness_s, no_worker_wait_s, decision_log
+            Addresses(client_addr, worker_addr),
+            policy,
+            liveness_s,
+            no_worker_wait_s,
+            decision_log,
+            calibrate,
+            decode_estimate,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -294,3 +315,6 @@ def status(router_addr: str, as_json: bool) -> None:
 
 def _fmt_s(v: object) -> str:
     return f"{v:.3f}s" if isinstance(v, int | float) else "-"
+
+
+import client.cli_routing  # noqa: E402, F401  (registers route/decisions/profile)

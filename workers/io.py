@@ -37,6 +37,7 @@ class WorkerLink:
         self.fatal: str | None = None  # set when the router refuses us for good
         self._pipe_addr = f"inproc://tandem-worker-{id(self)}"
         self._pull = context().socket(zmq.PULL)
+        self._pull.setsockopt(zmq.RCVHWM, 0)  # never make the compute thread wait
         self._pull.bind(self._pipe_addr)
         self._local = threading.local()
 
@@ -45,10 +46,14 @@ class WorkerLink:
         push = getattr(self._local, "push", None)
         if push is None:
             push = self._local.push = context().socket(zmq.PUSH)
-            push.setsockopt(zmq.LINGER, 1000)
+            push.setsockopt(zmq.LINGER, 0)
+            push.setsockopt(zmq.SNDHWM, 0)  # unbounded: tokens are never dropped here
             push.connect(self._pipe_addr)
         kind = _HB if isinstance(msg, p.Heartbeat) else _MSG
-        push.send_multipart([kind, p.encode(msg)])
+        try:
+            push.send_multipart([kind, p.encode(msg)], flags=zmq.NOBLOCK)
+        except zmq.Again:  # the I/O thread is gone (shutting down): nobody to tell
+            log.debug("dropped %s after the I/O thread stopped", msg.TYPE)
 
     def run(self, stop: threading.Event) -> None:
         dealer = DealerSocket(self.router_addr, identity=self.ready.worker_id.encode())

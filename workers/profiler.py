@@ -1,0 +1,154 @@
+"""``tandem profile``: measure one backend in isolation, in this process, no router.
+
+The backend is driven through the real ``Engine`` (with a collecting ``emit``),
+so the numbers include the engine's own per-step overhead, as serving does:
+
+- prefill: a cold ``prompt_tokens``-token prompt (``prefill_only``, fresh random
+  ids, prefix cache disabled), median of ``repeats`` runs after one warm-up;
+- decode: for every batch size b in 1..max_active, b requests with short
+  distinct prompts decode together; aggregate tok/s is the tokens they produced
+  divided by the time from the step where all were decoding to the last one's end.
+
+The result is stored with ``workers.profiles.save_profile`` under the backend's
+name, device and model; workers started without rate flags advertise it.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from common import protocol as p
+from workers.engine import Backend, Engine, EngineConfig
+from workers.request import Request, Status
+
+_FIRST_PROMPT_ID = 256  # random prompts avoid control tokens
+DECODE_PROMPT_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    """One measurement; ``to_json`` is what is stored and printed with --json."""
+
+    backend: str
+    device: str
+    model: str
+    prefill_tok_s: float
+    prompt_tokens: int
+    decode_tok_s: list[float]  # aggregate tok/s at batch size 1, 2, ... max_active
+    decode_tokens: int  # tokens each request decoded per measurement
+    max_active: int
+    step_tokens: int
+    measured_at: str
+    simulated: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Collector:
+    """The engine's ``emit``: counts output tokens, remembers finished ids, raises on errors."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.done: set[str] = set()
+
+    def __call__(self, msg: p.Message) -> None:
+        if isinstance(msg, p.TokenDelta):
+            self.tokens += len(msg.token_ids)
+        elif isinstance(msg, p.Done):
+            self.done.add(msg.request_id)
+        elif isinstance(msg, p.Error):
+            raise RuntimeError(f"profiling request {msg.request_id} failed: {msg.message}")
+
+
+def _engine(backend: Backend, max_active: int, step_tokens: int) -> tuple[Engine, _Collector]:
+    # No prefix cache: every prompt must be computed in full.
+    cfg = EngineConfig(max_active=max_active, step_tokens=step_tokens, cache_tokens=0)
+    out = _Collector()
+    return Engine(backend, cfg, out, worker_id="profile"), out
+
+
+def _prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(_FIRST_PROMPT_ID, vocab) for _ in range(n)]
+
+
+def _drain(engine: Engine) -> None:
+    while engine.queue or engine.active:
+        engine.step()
+
+
+def measure_prefill(
+    backend: Backend, prompt_tokens: int, repeats: int, step_tokens: int, rng: random.Random
+) -> float:
+    """Cold prefill tok/s: median over ``repeats`` after one warm-up run."""
+    engine, _ = _engine(backend, 1, step_tokens)
+    rates = []
+    for i in range(repeats + 1):
+        prompt = _prompt(rng, prompt_tokens, backend.vocab_size)
+        req = Request(f"prefill-{i}", prompt, max_tokens=1, prefill_only=True)
+        t0 = time.perf_counter()
+        engine.submit(req)
+        _drain(engine)
+        if i > 0:  # the first run warms caches and allocations up
+            rates.append(prompt_tokens / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
+def measure_decode(
+    backend: Backend, batch: int, decode_tokens: int, step_tokens: int, rng: random.Random
+) -> float:
+    """Aggregate decode tok/s with ``batch`` requests decoding together."""
+    engine, out = _engine(backend, batch, step_tokens)
+    for i in range(batch):
+        prompt = _prompt(rng, DECODE_PROMPT_TOKENS, backend.vocab_size)
+        engine.submit(Request(f"decode-{batch}-{i}", prompt, decode_tokens + 1, ignore_eos=True))
+    while not engine.active or any(r.status is not Status.DECODE for r in engine.active):
+        engine.step()  # admission and prefill, not timed
+        if not engine.queue and not engine.active:
+            raise RuntimeError("decode requests finished before they all decoded together")
+    before, t0 = out.tokens, time.perf_counter()
+    _drain(engine)
+    return (out.tokens - before) / (time.perf_counter() - t0)
+
+
+def profile_backend(
+    backend: Backend,
+    max_active: int = 4,
+    prompt_tokens: int = 512,
+    decode_tokens: int = 32,
+    repeats: int = 3,
+    step_tokens: int = 256,
+    seed: int = 0,
+) -> ProfileResult:
+    """Measure ``backend``: cold prefill, then decode at every batch size up to max_active."""
+    if max_active < 1 or prompt_tokens < 1 or decode_tokens < 2 or repeats < 1:
+        raise ValueError(
+            "need max_active >= 1, prompt_tokens >= 1, decode_tokens >= 2, repeats >= 1"
+        )
+    if prompt_tokens + 1 > backend.n_ctx:
+        raise ValueError(f"prompt_tokens {prompt_tokens} does not fit n_ctx {backend.n_ctx}")
+    rng = random.Random(seed)
+    prefill = measure_prefill(backend, prompt_tokens, repeats, step_tokens, rng)
+    measure_decode(backend, 1, min(8, decode_tokens), step_tokens, rng)  # warm-up
+    decode = [
+        measure_decode(backend, b, decode_tokens, step_tokens, rng)
+        for b in range(1, max_active + 1)
+    ]
+    return ProfileResult(
+        backend=backend.name,
+        device=backend.device,
+        model=backend.model_name,
+        prefill_tok_s=round(prefill, 2),
+        prompt_tokens=prompt_tokens,
+        decode_tok_s=[round(x, 2) for x in decode],
+        decode_tokens=decode_tokens,
+        max_active=max_active,
+        step_tokens=step_tokens,
+        measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        simulated=backend.name == "sim",
+    )
