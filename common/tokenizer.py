@@ -8,8 +8,10 @@ exactly the ids llama.cpp would produce for the same text. A worker ships its
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
+import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -107,10 +109,33 @@ def _is_id(x: object) -> bool:
 def tokenizer_spec_from_gguf(path: str | Path) -> TokenizerSpec:
     """Read a GGUF file's tokenizer metadata (no weights) into a `TokenizerSpec`.
 
-    Cached per (path, mtime): building from ~50k tokens takes seconds.
+    Cached per (path, size, mtime) in memory and on disk (under the cache root):
+    reading ~50k tokens out of a GGUF takes seconds, and every worker start needs it.
     """
     resolved = Path(path).resolve()
-    return _spec_from_gguf_cached(str(resolved), resolved.stat().st_mtime_ns)
+    st = resolved.stat()
+    return _spec_from_disk_or_gguf(str(resolved), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _spec_from_disk_or_gguf(path: str, size: int, mtime_ns: int) -> TokenizerSpec:
+    from common.model_files import cache_root
+
+    digest = hashlib.blake2b(f"{path}|{size}|{mtime_ns}".encode(), digest_size=8).hexdigest()
+    cached = cache_root() / "tokenizers" / f"{Path(path).stem}-{digest}.json"
+    try:
+        return TokenizerSpec.from_wire(json.loads(cached.read_text()))
+    except (OSError, ValueError):
+        pass  # absent or unreadable: rebuild it
+    spec = _spec_from_gguf_cached(path, mtime_ns)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(spec.to_wire()))
+        tmp.replace(cached)  # atomic: concurrent workers never read half a file
+    except OSError as exc:
+        log.warning("cannot cache the tokenizer at %s: %s", cached, exc)
+    return spec
 
 
 @functools.lru_cache(maxsize=8)

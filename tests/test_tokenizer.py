@@ -180,3 +180,21 @@ def test_eos_ids_match_llama_cpp_end_of_generation(spec: TokenizerSpec, llama_vo
     n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
     eog = {i for i in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, ctypes.c_int32(i))}
     assert set(spec.eos_ids) == eog
+
+
+def test_spec_is_cached_on_disk_across_processes(tmp_path, monkeypatch):
+    import common.tokenizer as tk
+    from common.model_files import default_model_path
+
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
+    tk._spec_from_disk_or_gguf.cache_clear()
+    first = tk.tokenizer_spec_from_gguf(default_model_path())
+    assert list((tmp_path / "tokenizers").glob("*.json")), "the spec was written to disk"
+    tk._spec_from_disk_or_gguf.cache_clear()  # as a new process would start
+
+    def no_rebuild(*args):
+        raise AssertionError("read the GGUF again instead of the disk cache")
+
+    monkeypatch.setattr(tk, "_spec_from_gguf_cached", no_rebuild)
+    assert tk.tokenizer_spec_from_gguf(default_model_path()) == first
+    tk._spec_from_disk_or_gguf.cache_clear()
