@@ -5,7 +5,8 @@
 # Results go to $OUT/h200/ and are packed into $OUT/h200-<stages>.tgz at the end (a
 # device call returns few files). BUDGET_S bounds the whole call; a stage that
 # would start with < 20 s left is skipped, one that runs out is cut (the bench
-# saves after every run, so a cut stage keeps its finished runs).
+# saves after every run, so a cut stage keeps its finished runs). RUNS sets the
+# runs per case of the seed stages (the preset's 3 unless device time is short).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -41,17 +42,19 @@ for s in "$@"; do
       stage profile-cpu $PY -m client profile --backend llama.cpp --threads 12 --json
       stage profile-gpu $PY -m client profile --backend mlx --device gpu --max-active 16 --json ;;
     seed8|seed48) stage "$s" $PY -m client bench --preset seed --worker "$CPU" --worker "$GPU" \
-           "${ALL_POLICIES[@]}" --requests "${s#seed}" --no-progress --out "$out/$s" ;;
+           "${ALL_POLICIES[@]}" --requests "${s#seed}" --runs "${RUNS:-3}" --no-progress \
+           --out "$out/$s" ;;
     sweep) stage sweep $PY -m client bench --preset seed --worker "$CPU:max_active=4" \
            --worker "$GPU" --policy forced:gpu --policy phase_cost --requests 48 \
-           --sweep-max-active 1,2,4,8,16 --runs 1 --no-progress --out "$out/sweep" ;;
+           --sweep-max-active 1,2,4,8,16 --runs 1 --rates advertised --no-progress \
+           --out "$out/sweep" ;;
     traffic)
       stage poisson $PY -m client bench --worker "$CPU" --worker "$GPU" --policy forced:gpu \
            --policy phase_cost --workload poisson --rate 6 --duration-s 15 --runs 1 \
-           --hit-mix 1.0 --no-progress --out "$out/poisson"
+           --hit-mix 1.0 --rates advertised --no-progress --out "$out/poisson"
       stage onoff $PY -m client bench --worker "$CPU" --worker "$GPU" --policy forced:gpu \
            --policy phase_cost --workload onoff --bursts 3 --requests 16 --gap-s 4 --runs 1 \
-           --no-progress --out "$out/onoff" ;;
+           --rates advertised --no-progress --out "$out/onoff" ;;
     *) echo "unknown stage $s" >&2 ;;
   esac
 done
