@@ -208,7 +208,12 @@ def worker(
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    sys.exit(run_worker(cfg))
+    try:
+        code = run_worker(cfg)
+    except (ValueError, FileNotFoundError) as exc:  # e.g. --device gpu without a GPU
+        click.echo(f"tandem worker: {exc}", err=True)
+        code = 2
+    sys.exit(code)
 
 
 @main.command()
@@ -318,3 +323,4 @@ def _fmt_s(v: object) -> str:
 
 
 import client.cli_routing  # noqa: E402, F401  (registers route/decisions/profile)
+import client.cli_bench  # noqa: F401

@@ -1,0 +1,202 @@
+"""Run a bench: every (max_active, workload) group, every policy, every run.
+
+Per group the workers' rates are measured once (bench/calibrate.py) in a
+cluster of their own. Then each run of each policy gets a fresh cluster: start
+router + workers, seed the prefix into every worker, run the workload, stop.
+Runs are interleaved across policies (run 1 of every policy, then run 2, ...)
+so slow drift on a shared machine hits every policy alike. Runs are never
+discarded; if a headline figure's CV exceeds 5 %, two more runs are added (once).
+The result document is rewritten after every run, so an interrupted bench
+keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import stats
+from bench.calibrate import advertised_rates, measure_rates, to_worker_rates
+from bench.driver import run_arrivals, seed_workers
+from bench.oracle import Job, oracle_bound
+from bench.records import decisions_json, record_json
+from bench.spec import WorkerArg
+from bench.workload import Arrival, PromptBook, Workload
+from broker.decisions import read_decisions
+from client.cluster import Cluster, WorkerSpec
+
+RATE_SOURCES = ("measured", "advertised")
+_SYMBOLIC = {"@fastest": max, "@slowest": min}  # forced:@fastest = highest prefill rate
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    workers: tuple[WorkerArg, ...]
+    workloads: tuple[Workload, ...]
+    policies: tuple[str, ...]
+    max_active: tuple[int, ...] = (4,)
+    runs: int = 3
+    rates: str = "measured"  # what the oracle bound is computed from
+    transport: str = "ipc"
+    keep_token_times: bool = False
+    seed: int = 0
+    timeout_s: float = 900.0  # silence tolerated per request (a forced-CPU queue is long)
+    heartbeat_s: float = 0.5
+    preset: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.workers or not self.workloads or not self.policies:
+            raise ValueError("need workers, workloads and policies")
+        if self.runs < 1 or min(self.max_active) < 1:
+            raise ValueError("runs and max_active must be >= 1")
+        if self.rates not in RATE_SOURCES:
+            raise ValueError(f"rates must be one of {RATE_SOURCES}")
+        if self.transport not in ("ipc", "tcp"):
+            raise ValueError("transport must be ipc or tcp")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "workers": [{"spec": w.text, "id": w.worker_id} for w in self.workers],
+            "workloads": [w.to_json() for w in self.workloads],
+            "policies": list(self.policies),
+            "max_active": list(self.max_active),
+            "runs": self.runs,
+            "rates": self.rates,
+            "transport": self.transport,
+            "seed": self.seed,
+            "preset": self.preset,
+            "cv_rule": {"headline": list(stats.HEADLINE), "limit": stats.CV_LIMIT},
+        }
+
+
+def n_ctx_for(wl: Workload, max_active: int) -> int:
+    """KV cells: every active request's prompt + output, plus the prefix cache's budget."""
+    need = max_active * (wl.prompt_tokens + wl.output_tokens) + 4096
+    return max(8192, -(-need // 1024) * 1024)
+
+
+def resolve_policy(policy: str, rates: dict[str, dict[str, float]]) -> str:
+    """``forced:@fastest`` / ``forced:@slowest``: the worker with the highest / lowest
+    prefill rate (the GPU / the CPU in a mixed cluster); other policies as given."""
+    kind, _, sel = policy.partition(":")
+    if kind == "forced" and sel in _SYMBOLIC:
+        pick = _SYMBOLIC[sel](rates, key=lambda w: rates[w]["prefill_tok_s"])
+        return f"forced:{pick}"
+    return policy
+
+
+@contextmanager
+def running_cluster(
+    specs: list[WorkerSpec], router_args: list[str], transport: str
+) -> Iterator[Cluster]:
+    """A started cluster, stopped on exit (workers first, then the router)."""
+    cl = Cluster(workers=specs, router_args=router_args, transport=transport)
+    try:
+        cl.start()
+        yield cl
+    finally:
+        stop_fast(cl, [s.worker_id for s in specs])
+        cl.__exit__(None, None, None)
+
+
+def stop_fast(cl: Cluster, worker_ids: list[str], grace_s: float = 1.5) -> None:
+    """SIGTERM the workers, give them ``grace_s`` together, SIGKILL the rest.
+
+    Why not Cluster.stop alone: it waits 10 s per process, and a worker whose
+    heartbeat lands after its I/O thread closed the pipe never exits on SIGTERM
+    (workers/io.py, reported), which cost ~10-20 s per cluster.
+    """
+    procs = [cl.procs[w] for w in worker_ids if w in cl.procs]
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:  # stuck, see above
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+class Bench:
+    """One bench invocation: its config, its result document, its progress bar."""
+
+    def __init__(self, cfg: BenchConfig, encode: Callable[[str], list[int]], doc: dict) -> None:
+        self.cfg = cfg
+        self.encode = encode
+        self.doc = doc
+        self.ids = [w.worker_id for w in cfg.workers]
+
+    def active_of(self, w: WorkerArg, max_active: int) -> int:
+        """A spec's own max_active wins, except in a sweep (the swept value is the point)."""
+        return max_active if len(self.cfg.max_active) > 1 else (w.max_active or max_active)
+
+    def specs(self, wl: Workload, max_active: int) -> list[WorkerSpec]:
+        return [
+            w.cluster_spec(
+                self.active_of(w, max_active),
+                n_ctx_for(wl, self.active_of(w, max_active)),
+                self.cfg.heartbeat_s,
+            )
+            for w in self.cfg.workers
+        ]
+
+    def calibrate(self, wl: Workload, max_active: int) -> dict[str, Any]:
+        """Advertised and (unless rates=advertised) measured rates of every worker."""
+        book = PromptBook(self.encode, wl)
+        router = ["--policy", "least_loaded"]  # every calibration request is pinned anyway
+        with running_cluster(self.specs(wl, max_active), router, self.cfg.transport) as cl:
+            with cl.client() as c:
+                advertised = advertised_rates(c.status().workers)
+            if self.cfg.rates == "advertised":
+                return {"advertised": advertised, "measured": None, "used": advertised}
+            seeds = asyncio.run(seed_workers(cl.client_addr, self.ids, book.prefix, 600.0))
+            hit = book.prompt(Arrival(0, 0.0, True))
+            batch = {w.worker_id: self.active_of(w, max_active) for w in self.cfg.workers}
+            measured = measure_rates(
+                cl.client_addr, seeds, hit, batch, wl.output_tokens, self.cfg.timeout_s
+            )
+        return {"advertised": advertised, "measured": measured, "used": measured}
+
+    def run_once(
+        self, wl: Workload, max_active: int, policy: str, run: int, rates: dict
+    ) -> dict[str, Any]:
+        """One fresh cluster: seed, run the workload, stop; the run's whole record."""
+        book = PromptBook(self.encode, wl)
+        arrivals = wl.arrivals(self.cfg.seed + run)
+        with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
+            log = Path(tmp) / "decisions.jsonl"
+            router = ["--policy", policy, "--decision-log", str(log)]
+            with running_cluster(self.specs(wl, max_active), router, self.cfg.transport) as cl:
+                seeds = asyncio.run(seed_workers(cl.client_addr, self.ids, book.prefix, 600.0))
+                recs = asyncio.run(
+                    run_arrivals(
+                        cl.client_addr, arrivals, book, wl.output_tokens, self.cfg.timeout_s
+                    )
+                )
+            decisions = list(read_decisions(log)) if log.exists() else []
+        t0 = min(r.submit_s for r in recs)
+        jobs = [
+            Job(
+                r.submit_s,
+                len(book.prompt(a)) - int(r.stats.get("cached_tokens", 0)),
+                wl.output_tokens,
+            )
+            for r, a in zip(recs, arrivals, strict=True)
+        ]
+        oracle = oracle_bound(jobs, to_worker_rates(rates))
+        return {
+            "run": run,
+            "metrics": stats.run_metrics(recs, self.ids),
+            "oracle": {"makespan_s": oracle.makespan_s, "requests": oracle.requests}
+            | {"exact": oracle.exact},
+            "seed_prefill_s": {w: s.get("prefill_s") for w, s in seeds.items()},
+            "decisions": decisions_json(decisions, {r.request_id for r in recs}),
+            "records": [record_json(r, t0, self.cfg.keep_token_times) for r in recs],
+        }

@@ -1,0 +1,186 @@
+"""The markdown report of a result document (``tandem bench report RESULT.json``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from bench.plots import slug
+from bench.stats import summarize_runs
+
+_PHASE = "phase_cost"
+
+
+def _ms(s: dict[str, Any], key: str, scale: float = 1.0, digits: int = 2) -> str:
+    """``mean ± std`` of one summarized metric, or ``-``."""
+    m = s.get(key)
+    if not m:
+        return "-"
+    return f"{m['mean'] * scale:.{digits}f} ± {m['std'] * scale:.{digits}f}"
+
+
+def _summary(case: dict[str, Any]) -> dict[str, Any]:
+    """The case's summary; computed here for a partial result (an interrupted bench)."""
+    if "summary" not in case:
+        case["summary"] = summarize_runs(case["runs"]) if case["runs"] else {}
+    return case["summary"]
+
+
+def _mean(case: dict[str, Any], key: str) -> float | None:
+    m = _summary(case).get(key)
+    return m["mean"] if m else None
+
+
+def _pct(new: float | None, old: float | None) -> str:
+    return f"{100 * (new / old - 1):+.1f} %" if new and old else "-"
+
+
+def results_table(group: dict[str, Any]) -> list[str]:
+    """One row per policy: makespan, oracle, throughput, latency percentiles, placement."""
+    cases = group["cases"]
+    base = cases[0]
+    head = (
+        f"| policy | runs | makespan s | vs {base['router_policy']} | oracle s | "
+        "measured / oracle | output tok/s | TTFT p50 s | TTFT p95 s | e2e p50 s | e2e p95 s "
+        "| e2e p99 s | ITL p50 ms | ITL p99 ms | queue p50 s | requests per worker (mean) |"
+    )
+    lines = [head, "|" + " --- |" * 16]
+    for c in cases:
+        s = _summary(c)
+        placement = ", ".join(
+            f"{k.split('.', 1)[1]} {v['mean']:.1f}"
+            for k, v in sorted(s.items())
+            if k.startswith("requests.") and v["mean"] > 0
+        )
+        extra = " (+2: CV > 5 %)" if c.get("extra_runs_added") else ""
+        row = [
+            c["router_policy"],
+            f"{len(c['runs'])}{extra}",
+            _ms(s, "makespan_s"),
+            _pct(_mean(c, "makespan_s"), _mean(base, "makespan_s")),
+            _ms(s, "oracle_makespan_s"),
+            _ms(s, "vs_oracle"),
+            _ms(s, "output_tok_s", digits=1),
+            _ms(s, "ttft_s.p50"),
+            _ms(s, "ttft_s.p95"),
+            _ms(s, "e2e_s.p50"),
+            _ms(s, "e2e_s.p95"),
+            _ms(s, "e2e_s.p99"),
+            _ms(s, "itl_s.p50", 1000, 1),
+            _ms(s, "itl_s.p99", 1000, 1),
+            _ms(s, "queue_s.p50"),
+            placement,
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def headline(group: dict[str, Any]) -> str | None:
+    """phase_cost against the first policy, the best other policy and the oracle."""
+    cases = {c["router_policy"]: c for c in group["cases"]}
+    pc = cases.get(_PHASE)
+    if not pc or not _summary(pc):
+        return None
+    first = group["cases"][0]
+    others = [c for c in group["cases"] if c is not pc and _summary(c)]
+    parts = [f"phase_cost makespan {_mean(pc, 'makespan_s'):.2f} s"]
+    if first is not pc:
+        parts.append(
+            f"{_pct(_mean(pc, 'makespan_s'), _mean(first, 'makespan_s'))} vs "
+            f"{first['router_policy']}"
+        )
+    if others:
+        best = min(others, key=lambda c: _mean(c, "makespan_s") or float("inf"))
+        parts.append(
+            f"{_pct(_mean(pc, 'makespan_s'), _mean(best, 'makespan_s'))} vs the best other "
+            f"policy ({best['router_policy']}, {_mean(best, 'makespan_s'):.2f} s)"
+        )
+    parts.append(f"{_mean(pc, 'vs_oracle'):.2f}x the oracle bound")
+    return "; ".join(parts) + "."
+
+
+def placement_lines(group: dict[str, Any]) -> list[str]:
+    """Per policy and run: requests per worker; for small runs, which request went where."""
+    out = []
+    for c in group["cases"]:
+        runs = []
+        for run in c["runs"]:
+            counts = Counter(r.get("worker") or "error" for r in run["records"])
+            text = ", ".join(f"{w} {n}" for w, n in sorted(counts.items()))
+            if len(run["records"]) <= 16 and len(counts) > 1:
+                minority = min(counts, key=lambda w: counts[w])
+                idx = [r["index"] + 1 for r in run["records"] if r.get("worker") == minority]
+                text += f" ({minority}: #{', #'.join(map(str, idx))})"
+            runs.append(text)
+        out.append(f"- {c['router_policy']}: " + "; ".join(runs))
+    if group["cases"] and group["cases"][0]["runs"]:
+        oracle = group["cases"][0]["runs"][0]["oracle"]["requests"]
+        out.append(f"- oracle's best assignment (run 1): {oracle}")
+    return out
+
+
+def rates_table(group: dict[str, Any]) -> list[str]:
+    rates = group["rates"]
+    lines = [
+        "| worker | advertised prefill / decode b=1 / peak tok/s | measured |",
+        "| --- | --- | --- |",
+    ]
+    for w, adv in sorted(rates["advertised"].items()):
+        mea = (rates.get("measured") or {}).get(w)
+
+        def fmt(r: dict[str, float] | None) -> str:
+            if not r:
+                return "-"
+            rates = (r["prefill_tok_s"], r["decode_tok_s_1"], r["decode_tok_s_peak"])
+            return " / ".join(f"{x:.0f}" for x in rates)
+
+        lines.append(f"| {w} | {fmt(adv)} | {fmt(mea)} |")
+    return lines
+
+
+def render_report(doc: dict[str, Any], plots: list[str]) -> str:
+    """The whole report; ``plots`` are file names next to it."""
+    cfg, mach = doc["config"], doc["machine"]
+    lines = [
+        f"# tandem bench{': preset ' + cfg['preset'] if cfg.get('preset') else ''}",
+        "",
+        f"Command: `{doc['command']}`",
+        "",
+        f"Machine: {mach.get('cpu')}, {mach.get('cores')} cores, {mach.get('platform')}; "
+        f"GPUs: {', '.join(mach.get('gpus') or ['none'])}; load average at start "
+        f"{mach.get('load_avg_at_start')}. Started {doc['started']}"
+        + (f", took {doc['wall_s'] / 60:.1f} min." if doc.get("wall_s") else "."),
+        "",
+        "Workers: " + ", ".join(f"`{w['spec']}` (id {w['id']})" for w in cfg["workers"]) + ".",
+        f"Runs per case: {cfg['runs']} (+2 when makespan or output tok/s varies by more than "
+        f"{100 * cfg['cv_rule']['limit']:.0f} % CV). Each run: a fresh cluster, the prefix "
+        "seeded into every worker, the workload. Values: mean ± sample std over runs; "
+        "latency percentiles are per run, then averaged. Oracle: the shortest makespan any "
+        f"assignment could reach under a throughput model of the workers' {cfg['rates']} "
+        "rates (bench/oracle.py).",
+    ]
+    if any(w["spec"].startswith("sim") for w in cfg["workers"]):
+        lines += [
+            "",
+            "Sim workers play back their profile's timings: they test routing, not devices.",
+        ]
+    if not doc.get("complete"):
+        lines += ["", "**Incomplete**: the bench did not finish; this is what it measured."]
+    for group in doc["groups"]:
+        wl = group["workload"]
+        lines += ["", f"## {group['label']}", ""]
+        lines.append(
+            f"{wl['kind']}; {wl['prompt_tokens']}-token prompts, {wl['prefix_tokens']} of them the "
+            f"seeded prefix for {100 * wl['hit_fraction']:.0f} % of requests; "
+            f"{wl['output_tokens']} output tokens (EOS ignored); max {group['max_active']} "
+            "active per worker."
+        )
+        hl = headline(group)
+        if hl:
+            lines += ["", f"**{hl}**"]
+        lines += ["", *results_table(group), "", "Rates (tok/s):", "", *rates_table(group)]
+        lines += ["", "Placement per run:", "", *placement_lines(group), ""]
+        prefix = slug(group["label"]) + "-"
+        lines += [f"![{p}]({p})" for p in plots if p.startswith(prefix)]
+    lines += [f"![{p}]({p})" for p in plots if p.startswith("sweep-")]
+    return "\n".join(lines) + "\n"
