@@ -24,7 +24,9 @@ from client.cluster import Cluster, WorkerSpec
 from common.model_files import default_model_path
 from common.tokenizer import TextTokenizer, tokenizer_spec_from_gguf
 
-PREFIX = " ".join(f"Record {i}: sensor {i % 7} read {i * 13 % 97} units at noon." for i in range(36))
+PREFIX = " ".join(
+    f"Record {i}: sensor {i % 7} read {i * 13 % 97} units at noon." for i in range(36)
+)
 
 
 def raw_decode_tok_s(model: str, threads: int, batch: int, n_out: int, prompt: list[int]) -> float:
@@ -88,9 +90,12 @@ def ttft_pair(cl: Cluster) -> tuple[float, float, int, int]:
     with cl.client() as c:
         cold = c.generate(PREFIX + " Question: which sensor?", max_tokens=1)
         warm = c.generate(PREFIX + " Question: which reading?", max_tokens=1)
-    return cold.stats["ttft_s"], warm.stats["ttft_s"], cold.stats["prompt_tokens"], warm.stats[
-        "cached_tokens"
-    ]
+    return (
+        cold.stats["ttft_s"],
+        warm.stats["ttft_s"],
+        cold.stats["prompt_tokens"],
+        warm.stats["cached_tokens"],
+    )
 
 
 @click.command()

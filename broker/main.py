@@ -21,8 +21,12 @@ def run_router(cfg: RouterConfig, stop: threading.Event | None = None) -> int:
     try:
         router = Router(cfg)
     except zmq.ZMQError as exc:
-        log.error("cannot bind %s / %s: %s (is another router running?)",
-                  cfg.addresses.client, cfg.addresses.worker, exc)
+        log.error(
+            "cannot bind %s / %s: %s (is another router running?)",
+            cfg.addresses.client,
+            cfg.addresses.worker,
+            exc,
+        )
         return 1
     router.serve(stop)
     return 0

@@ -322,5 +322,6 @@ def _fmt_s(v: object) -> str:
     return f"{v:.3f}s" if isinstance(v, int | float) else "-"
 
 
-import client.cli_routing  # noqa: E402, F401  (registers route/decisions/profile)
-import client.cli_bench  # noqa: F401
+# Subcommands defined in their own modules register themselves on `main`.
+import client.cli_bench  # noqa: E402, F401, I001  (bench, bench report)
+import client.cli_routing  # noqa: E402, F401  (route explain, decisions, profile)

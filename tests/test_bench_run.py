@@ -92,3 +92,25 @@ def test_report_re_renders_from_the_json(result: tuple[Path, dict], tmp_path: Pa
     text = (tmp_path / "report.md").read_text()
     assert "phase_cost" in text and "oracle" in text
     assert list(tmp_path.glob("*-timeline.png"))
+
+
+def test_preset_options_and_overrides_map_onto_the_config() -> None:
+    from client.cli_bench import bench, build_config, command_line
+
+    argv = ["--preset", "seed", "--worker", "llama.cpp:threads=8", "--worker", "mlx:device=gpu"]
+    ctx = bench.make_context("bench", [*argv, "--requests", "8"])
+    cfg = build_config(ctx, ctx.params)
+    assert [w.worker_id for w in cfg.workers] == ["llama", "mlx-gpu"]
+    assert [w.label for w in cfg.workloads] == ["burst8-hit100"]  # --requests overrides 8,48
+    wl = cfg.workloads[0]
+    assert (wl.prefix_tokens, wl.prompt_tokens, wl.output_tokens) == (512, 516, 128)
+    assert wl.same_prompt and wl.spacing_s == 0.05 and cfg.runs == 3
+    assert cfg.policies == ("forced:@fastest", "phase_cost") and cfg.max_active == (4,)
+    assert command_line(ctx) == "tandem bench " + " ".join([*argv, "--requests", "8"])
+    ctx = bench.make_context(
+        "bench", ["--worker", "sim:a.json", "--workload", "poisson", "--hit-mix", "0"]
+        + ["--hit-mix", "0.5", "--sweep-max-active", "1,2"]
+    )  # fmt: skip
+    cfg = build_config(ctx, ctx.params)
+    assert [w.label for w in cfg.workloads] == ["poisson1rps-30s-hit0", "poisson1rps-30s-hit50"]
+    assert cfg.max_active == (1, 2)

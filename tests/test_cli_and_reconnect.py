@@ -22,8 +22,9 @@ def tandem(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_generate_and_status_print_one_json_document(cluster):
-    out = tandem("generate", "Name a color.", "--router", cluster.client_addr, "--json",
-                 "--max-tokens", "5")
+    out = tandem(
+        "generate", "Name a color.", "--router", cluster.client_addr, "--json", "--max-tokens", "5"
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["finish_reason"] in ("length", "eos") and doc["worker"] == "cpu0"

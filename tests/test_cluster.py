@@ -144,17 +144,17 @@ def test_a_killed_worker_fails_its_requests_and_the_router_keeps_serving():
     from client.cluster import Cluster, WorkerSpec
 
     args = LLAMA_ARGS + ["--heartbeat-s", "0.1"]
-    with Cluster(workers=[WorkerSpec("doomed", args)], router_args=["--liveness-s", "1"]) as cl:
-        with cl.client() as c:
-            s = c.stream("Tell me a long story.", max_tokens=400, ignore_eos=True)
-            it = iter(s)
-            next(it)
-            cl.kill("doomed")
-            with pytest.raises(WorkerLost):
-                for _ in it:
-                    pass
-            cl.start_worker(WorkerSpec("phoenix", LLAMA_ARGS))
-            assert c.generate("Hello", max_tokens=3).worker == "phoenix"
+    cluster = Cluster(workers=[WorkerSpec("doomed", args)], router_args=["--liveness-s", "1"])
+    with cluster as cl, cl.client() as c:
+        s = c.stream("Tell me a long story.", max_tokens=400, ignore_eos=True)
+        it = iter(s)
+        next(it)
+        cl.kill("doomed")
+        with pytest.raises(WorkerLost):
+            for _ in it:
+                pass
+        cl.start_worker(WorkerSpec("phoenix", LLAMA_ARGS))
+        assert c.generate("Hello", max_tokens=3).worker == "phoenix"
 
 
 def test_client_retries_are_safe_when_the_router_is_slow_to_appear(tmp_path):

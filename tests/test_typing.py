@@ -14,7 +14,10 @@ pytest.importorskip("mypy")
 def test_mypy_is_clean_on_the_typed_core():
     root = Path(__file__).resolve().parent.parent
     out = subprocess.run(
-        [sys.executable, "-m", "mypy", "--no-incremental"], cwd=root, capture_output=True,
-        text=True, timeout=300,
+        [sys.executable, "-m", "mypy", "--no-incremental"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stdout + out.stderr
