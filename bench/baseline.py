@@ -70,6 +70,28 @@ def raw_decode_tok_s(model: str, threads: int, batch: int, n_out: int, prompt: l
         L.llama_model_free(m)
 
 
+def engine_decode_tok_s(
+    model: str, threads: int, batch: int, n_out: int, prompt: list[int]
+) -> float:
+    """The worker's engine + llama.cpp backend in this process: no sockets, no router."""
+    from workers.engine import Engine, EngineConfig
+    from workers.llama_backend import LlamaBackend
+    from workers.request import Request
+
+    backend = LlamaBackend(model, n_ctx=8192, threads=threads, max_active=4)
+    try:
+        engine = Engine(backend, EngineConfig(), lambda msg: None, "bench")
+        for i in range(batch):
+            engine.submit(Request(f"r{i}", prompt + [i], n_out, ignore_eos=True))
+        engine.step()  # every prompt's prefill (they fit one step) and first tokens
+        t0 = time.perf_counter()
+        while engine.active or engine.queue:
+            engine.step()
+        return batch * (n_out - 1) / (time.perf_counter() - t0)
+    finally:
+        backend.close()
+
+
 async def _burst(addr: str, prompts: list[str], n_out: int) -> list:
     async with AsyncClient(addr) as ac:
         return await asyncio.gather(
@@ -106,12 +128,15 @@ def ttft_pair(cl: Cluster) -> tuple[float, float, int, int]:
 def main(threads: int, n_out: int, repeats: int, out: str | None) -> None:
     model = str(default_model_path())
     prompt_ids = TextTokenizer(tokenizer_spec_from_gguf(model)).encode("Story 0:")
-    rows: dict[str, list[float]] = {k: [] for k in ("cold", "warm", "raw1", "raw4", "tan1", "tan4")}
+    keys = ("cold", "warm", "raw1", "raw4", "eng1", "eng4", "tan1", "tan4")
+    rows: dict[str, list[float]] = {k: [] for k in keys}
     args = ["--threads", str(threads), "--max-active", "4", "--heartbeat-s", "0.5"]
     for _ in range(repeats):
         # Side by side, alternating, so drift on a noisy machine hits both alike.
         rows["raw1"].append(raw_decode_tok_s(model, threads, 1, n_out, prompt_ids))
         rows["raw4"].append(raw_decode_tok_s(model, threads, 4, n_out, prompt_ids))
+        rows["eng1"].append(engine_decode_tok_s(model, threads, 1, n_out, prompt_ids))
+        rows["eng4"].append(engine_decode_tok_s(model, threads, 4, n_out, prompt_ids))
         with Cluster(workers=[WorkerSpec("cpu0", args)]) as cl:
             cold, warm, n_prompt, n_cached = ttft_pair(cl)
             rows["cold"].append(cold)
@@ -144,9 +169,11 @@ def _report(med, rows, threads, n_out, n_prompt, n_cached) -> str:  # noqa: ANN0
             f"| TTFT warm, {n_cached} of {n_prompt} tokens cached (s) | {cell('warm')} |",
             f"| cold / warm TTFT | {med['cold'] / med['warm']:.1f}x |",
             f"| decode tok/s, 1 active, raw loop | {cell('raw1')} |",
-            f"| decode tok/s, 1 active, tandem | {cell('tan1')} |",
+            f"| decode tok/s, 1 active, tandem engine in-process | {cell('eng1')} |",
+            f"| decode tok/s, 1 active, tandem (router + worker processes) | {cell('tan1')} |",
             f"| decode tok/s, 4 active, raw loop (aggregate) | {cell('raw4')} |",
-            f"| decode tok/s, 4 active, tandem (aggregate) | {cell('tan4')} |",
+            f"| decode tok/s, 4 active, tandem engine in-process | {cell('eng4')} |",
+            f"| decode tok/s, 4 active, tandem processes (aggregate) | {cell('tan4')} |",
             f"| tandem / raw, batch 1 | {med['tan1'] / med['raw1']:.2f} |",
             f"| tandem / raw, batch 4 | {med['tan4'] / med['raw4']:.2f} |",
             "",
