@@ -72,7 +72,7 @@ def timeline_plot(group: dict[str, Any], case: dict[str, Any], path: Path) -> Pa
             s, a, f, e = seg
             for (x0, x1), part in zip(((s, a), (a, f), (f, e)), _COLORS, strict=True):
                 ax.barh(row, x1 - x0, left=x0, height=0.8, color=_COLORS[part])
-        ax.set_yticks(range(len(recs)), [str(r["index"]) for r in recs], fontsize=6)
+        ax.set_yticks(range(len(recs)), [f"#{r['index'] + 1}" for r in recs], fontsize=6)
         ax.invert_yaxis()
         ax.set_ylabel(w, fontsize=8)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _COLORS.values()]

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from bench import stats
 from bench.experiment import Bench, BenchConfig, resolve_policy
 from bench.workload import Workload
+from client.errors import TandemError
 
 
 def make_encoder(cfg: BenchConfig) -> Any:
@@ -113,7 +114,13 @@ def _run_group(bench: Bench, wl: Workload, max_active: int, bar: tqdm, out_dir: 
     def one(policy: str, run: int) -> None:
         case = cases[policy]
         bar.set_description(f"{group['label']} {case['router_policy']} run {run + 1}")
-        res = bench.run_once(wl, max_active, case["router_policy"], run, rates["used"])
+        try:
+            res = bench.run_once(wl, max_active, case["router_policy"], run, rates["used"])
+        except (TandemError, RuntimeError, TimeoutError) as exc:
+            # A cluster that failed to start or seed measured nothing: try once more,
+            # and say so in the record. (Request errors during a run are kept instead.)
+            res = bench.run_once(wl, max_active, case["router_policy"], run, rates["used"])
+            res["retried_after"] = f"{type(exc).__name__}: {exc}"
         case["runs"].append(res)
         bar.update()
         bar.set_postfix(makespan=f"{res['metrics']['makespan_s']:.2f}s")
