@@ -114,3 +114,25 @@ def test_preset_options_and_overrides_map_onto_the_config() -> None:
     cfg = build_config(ctx, ctx.params)
     assert [w.label for w in cfg.workloads] == ["poisson1rps-30s-hit0", "poisson1rps-30s-hit50"]
     assert cfg.max_active == (1, 2)
+
+
+def test_a_bench_run_with_a_real_llama_cpp_worker(tmp_path: Path) -> None:
+    """The same pipeline end to end on real generation (round_robin: both workers used)."""
+    pytest.importorskip("llama_cpp")
+    fast = {"name": "fast", "prefill_tok_s": 20000, "decode_step_s": [0.002, 0.0022]}
+    (tmp_path / "fast.json").write_text(json.dumps(fast))
+    out = tmp_path / "out"
+    args = ["bench", "--worker", "llama.cpp:threads=1", "--worker", f"sim:{tmp_path / 'fast.json'}"]
+    args += ["--requests", "4", "--spacing-ms", "20", "--prefix-tokens", "32"]
+    args += ["--prompt-tokens", "36", "--output-tokens", "4", "--policy", "round_robin"]
+    args += ["--runs", "1", "--no-progress", "--out", str(out)]
+    res = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    doc = json.loads((out / "result.json").read_text())
+    (run,) = doc["groups"][0]["cases"][0]["runs"]
+    recs = run["records"]
+    assert len(recs) == 4 and all(r["error"] is None and r["output_tokens"] == 4 for r in recs)
+    on_llama = [r for r in recs if r["worker"] == "llama"]
+    assert len(on_llama) == 2, [r["worker"] for r in recs]
+    assert all(r["stats"]["cached_tokens"] == 32 for r in on_llama), "the seeded prefix was reused"
+    assert (out / "report.md").exists()
