@@ -139,6 +139,7 @@ class Stream:
             delta = self._asm.apply(msg)
             if delta is not None:
                 yield delta
+        c._mail.pop(self.request_id, None)  # finished: its mailbox is not needed again
 
     def _send_with_retry(self) -> None:
         """Send; if nothing comes back in time, probe the router. Alive: the request

@@ -67,7 +67,6 @@ class LlamaBackend:
             raise ValueError(f"llama.cpp could not load model {self.model_path}")
         self.vocab = L.llama_model_get_vocab(self.model)
         self.vocab_size = L.llama_vocab_n_tokens(self.vocab)
-        self.max_seq = min(n_ctx, L.llama_model_n_ctx_train(self.model))
         cparams = L.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = cparams.n_ubatch = step_tokens
