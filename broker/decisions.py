@@ -69,16 +69,8 @@ class DecisionLog:
     def __init__(self, path: str) -> None:
         self._f: IO[str] = open(path, "a", buffering=1)  # noqa: SIM115 - lives with the router
 
-    def write(
-        self,
-        request_id: str,
-        policy: str,
-        req: RouteRequest,
-        views: list[WorkerView],
-        decision: Decision,
-        extra: dict[str, Any] | None = None,
-    ) -> None:
-        record = decision_record(request_id, policy, req, views, decision, extra)
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record (built by ``decision_record``)."""
         self._f.write(json.dumps(record) + "\n")
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import zmq
 
 from broker.calibration import DECODE_ESTIMATES, Calibration
-from broker.decisions import DecisionLog
+from broker.decisions import DecisionLog, decision_record
 from broker.policy import NoCandidate, parse_policy
 from broker.registry import Routed, WorkerState
 from broker.requests import ClientRequest, validate_submit
@@ -63,6 +63,7 @@ class Router:
         self.decisions = DecisionLog(self.cfg.decision_log) if self.cfg.decision_log else None
         self.calibration = Calibration(self.cfg.calibrate, self.cfg.decode_estimate)
         self._by_client: dict[tuple[bytes, str], str] = {}
+        self._by_identity: dict[bytes, str] = {}  # worker socket identity -> worker id
         self._next_id = 0
 
     # ------------------------------------------------------------ loop
@@ -201,7 +202,8 @@ class Router:
         req.policy = policy.name
         if self.decisions:
             extra = self.calibration.log_fields()
-            self.decisions.write(sub.request_id, policy.name, rr, views, decision, extra)
+            record = decision_record(sub.request_id, policy.name, rr, views, decision, extra)
+            self.decisions.write(record)
         self._assign(req, tokens, self.workers[decision.worker_id], views)
 
     def _assign(self, req: ClientRequest, tokens: list[int], w: WorkerState, views: list) -> None:
@@ -293,6 +295,7 @@ class Router:
             self.tokenizer = TextTokenizer(TokenizerSpec.from_wire(ready.tokenizer))
             self.model = ready.model
         self.workers[ready.worker_id] = WorkerState(identity, ready)
+        self._by_identity[identity] = ready.worker_id
         self.calibration.register(ready.worker_id, ready.prefill_tok_s, ready.decode_tok_s)
         log.info(
             "worker %s joined: %s on %s, max_active %d",
@@ -359,6 +362,8 @@ class Router:
     def _drop_worker(self, w: WorkerState, why: str) -> None:
         log.warning("worker %s removed: %s", w.id, why)
         self.workers.pop(w.id, None)
+        if self._by_identity.get(w.identity) == w.id:
+            del self._by_identity[w.identity]
         self.calibration.forget(w.id)
         for wid in list(w.inflight):
             req = self.requests.get(wid)
@@ -375,7 +380,5 @@ class Router:
         self.client_sock.send(req.client, p.Error(code, message, req.submit.request_id))
 
     def _worker_by_identity(self, identity: bytes) -> WorkerState | None:
-        for w in self.workers.values():
-            if w.identity == identity:
-                return w
-        return None
+        wid = self._by_identity.get(identity)
+        return self.workers.get(wid) if wid is not None else None

@@ -35,6 +35,15 @@ client_addr = click.option(
     help="The router's client address.",
 )
 
+# Shared by `tandem worker` and `tandem profile`.
+sim_profile = click.option(
+    "--profile",
+    "profile_file",
+    type=click.Path(exists=True),
+    default=None,
+    help="sim backend: the device profile (JSON).",
+)
+
 
 @main.command()
 @click.option(
@@ -159,13 +168,7 @@ def router(
 @click.option("--heartbeat-s", type=float, default=0.5, show_default=True)
 @click.option("--prefill-tok-s", type=float, default=None, help="Override the profiled rate.")
 @click.option("--decode-tok-s", default=None, help="Comma list: aggregate tok/s at batch 1,2,..")
-@click.option(
-    "--profile",
-    "profile_file",
-    type=click.Path(exists=True),
-    default=None,
-    help="sim backend: the device profile (JSON).",
-)
+@sim_profile
 def worker(
     router_addr: str,
     backend: str,

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from client.cli import main
+from client.cli import main, sim_profile
 from client.tables import render
 
 
@@ -130,13 +130,7 @@ def decisions_table(records: list[dict[str, Any]]) -> str:
 @click.option("--max-active", type=int, default=4, show_default=True)
 @click.option("--n-ctx", type=int, default=4096, show_default=True)
 @click.option("--step-tokens", type=int, default=256, show_default=True)
-@click.option(
-    "--profile",
-    "profile_file",
-    type=click.Path(exists=True),
-    default=None,
-    help="sim backend: the device profile (JSON).",
-)
+@sim_profile
 @click.option("--prompt-tokens", type=int, default=512, show_default=True)
 @click.option("--decode-tokens", type=int, default=32, show_default=True)
 @click.option("--repeats", type=int, default=3, show_default=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from broker.decisions import DecisionLog, read_decisions
+from broker.decisions import DecisionLog, decision_record, read_decisions
 from broker.policy import (
     Forced,
     LeastLoaded,
@@ -238,8 +238,9 @@ def test_decision_log_records_and_table(tmp_path: Path) -> None:
     log_path = tmp_path / "decisions.jsonl"
     req, views = state_from_json(ISSUE_STATE)
     log = DecisionLog(str(log_path))
-    log.write("r1", "phase_cost", req, views, PhaseCost().choose(req, views))
-    log.write("r2", "forced:cpu", req, views, Forced("cpu").choose(req, views), {"note": 1})
+    log.write(decision_record("r1", "phase_cost", req, views, PhaseCost().choose(req, views)))
+    forced = Forced("cpu").choose(req, views)
+    log.write(decision_record("r2", "forced:cpu", req, views, forced, {"note": 1}))
     log.close()
     with open(log_path, "a") as f:
         f.write('{"partial": ')  # a log cut mid-line is read up to there
