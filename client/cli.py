@@ -168,6 +168,13 @@ def router(
 @click.option("--heartbeat-s", type=float, default=0.5, show_default=True)
 @click.option("--prefill-tok-s", type=float, default=None, help="Override the profiled rate.")
 @click.option("--decode-tok-s", default=None, help="Comma list: aggregate tok/s at batch 1,2,..")
+@click.option(
+    "--warmup",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="Run every batch shape once before registering (auto: on GPU devices).",
+)
 @sim_profile
 def worker(
     router_addr: str,
@@ -185,6 +192,7 @@ def worker(
     heartbeat_s: float,
     prefill_tok_s: float | None,
     decode_tok_s: str | None,
+    warmup: str,
     profile_file: str | None,
 ) -> None:
     """Run a worker process (one device)."""
@@ -208,6 +216,7 @@ def worker(
             prefill_tok_s,
             decode,
             profile_file,
+            warmup,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -199,3 +199,27 @@ def test_full_block_listing_is_resent_periodically():
     e.maybe_heartbeat()
     hb = e.emit.__self__[out_before]
     assert isinstance(hb, p.Heartbeat) and hb.cache["full"] is True
+
+
+def test_warm_up_runs_a_full_chunk_and_every_power_of_two_batch_then_holds_nothing() -> None:
+    from workers.profiler import warm_up
+
+    backend = FakeBackend()
+    backend.is_eog = lambda token: False  # the fake's scripted EOS must not end decodes early
+    warm_up(backend, max_active=6, step_tokens=32)
+    chunks = {n for _, prefill in backend.steps for _, n in prefill}
+    assert 32 in chunks  # a full prefill chunk, then the rest of the prompt
+    batches = {len(decode) for decode, _ in backend.steps if decode}
+    assert {1, 2, 4, 6} <= batches
+    assert not backend.kv  # every warm-up request's KV was released
+
+
+def test_warmup_setting_is_on_for_gpus_by_default_and_validated() -> None:
+    from workers.main import WorkerConfig
+
+    auto = WorkerConfig("tcp://127.0.0.1:1")
+    assert auto.wants_warmup("gpu-cuda") and not auto.wants_warmup("cpu")
+    assert WorkerConfig("tcp://127.0.0.1:1", warmup="on").wants_warmup("cpu")
+    assert not WorkerConfig("tcp://127.0.0.1:1", warmup="off").wants_warmup("gpu-metal")
+    with pytest.raises(ValueError, match="warmup"):
+        WorkerConfig("tcp://127.0.0.1:1", warmup="sometimes")

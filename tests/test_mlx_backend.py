@@ -356,3 +356,13 @@ def test_mlx_and_llama_cpp_workers_serve_side_by_side() -> None:
         assert mlx_r.token_ids[:2] == cpu_r.token_ids[:2]
         rows = {w["id"]: w for w in c.status().workers}
     assert rows["mlx0"]["cached_blocks"] > 0 and rows["cpu0"]["cached_blocks"] > 0
+
+
+def test_warm_up_leaves_no_state_behind(tiny) -> None:
+    from workers.profiler import warm_up
+
+    warmed = Harness(tiny)
+    warm_up(warmed.backend, max_active=4, step_tokens=64)
+    warmed.assert_released()
+    prompt = prompts()[3]
+    assert warmed.run(greedy("a", prompt, 8)) == Harness(tiny).run(greedy("a", prompt, 8))

@@ -19,6 +19,7 @@ from workers.io import WorkerLink, start_link
 log = logging.getLogger(__name__)
 
 BACKENDS = ("llama.cpp", "mlx", "sim")
+WARMUP = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class WorkerConfig:
     prefill_tok_s: float | None = None  # None: from the stored profile, else a default
     decode_tok_s: tuple[float, ...] | None = None
     profile: str | None = None  # sim backend: its device profile file
+    warmup: str = "auto"  # on | off | auto (on for GPU devices): see workers.profiler.warm_up
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -44,6 +46,12 @@ class WorkerConfig:
             raise ValueError("prefill_tok_s must be > 0")
         if self.decode_tok_s is not None and (not self.decode_tok_s or min(self.decode_tok_s) <= 0):
             raise ValueError("decode_tok_s must be positive numbers")
+        if self.warmup not in WARMUP:
+            raise ValueError(f"warmup must be one of {WARMUP}, not {self.warmup!r}")
+
+    def wants_warmup(self, device: str) -> bool:
+        """auto: warm GPUs up (per-process kernel compilation); CPUs have nothing to warm."""
+        return self.warmup == "on" or (self.warmup == "auto" and device.startswith("gpu"))
 
     def resolved_id(self, device: str) -> str:
         return self.worker_id or f"{device}-{socket.gethostname()}-{os.getpid()}"
@@ -95,6 +103,11 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
     stop = stop or threading.Event()
     backend = build_backend(cfg)
     worker_id = cfg.resolved_id(backend.device)
+    if cfg.wants_warmup(backend.device):
+        from workers.profiler import warm_up
+
+        took = warm_up(backend, cfg.engine.max_active, cfg.engine.step_tokens)
+        log.info("warmed %s up in %.2f s", backend.device, took)
     prefill, decode = rates(cfg, backend)
     ready = p.Ready(
         worker_id=worker_id,

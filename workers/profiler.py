@@ -116,6 +116,27 @@ def measure_decode(
     return (out.tokens - before) / (time.perf_counter() - t0)
 
 
+def warm_up(backend: Backend, max_active: int, step_tokens: int, decode_tokens: int = 4) -> float:
+    """Run every shape serving will meet first, before the worker registers; seconds taken.
+
+    A GPU backend compiles (or loads) kernels the first time it sees a shape, in
+    every new process: without this, the first requests a worker serves pay it
+    (MLX on CUDA: ~150 ms a step at first), so a freshly started worker looks slower
+    than it is. One prompt of a full prefill chunk plus a partial one, then
+    ``decode_tokens`` at batch sizes 1, 2, 4, ... and ``max_active``.
+    """
+    t0 = time.perf_counter()
+    rng = random.Random(0)
+    engine, _ = _engine(backend, max_active, step_tokens)
+    prompt = _prompt(rng, min(step_tokens + 17, backend.n_ctx - 1), backend.vocab_size)
+    engine.submit(Request("warm-prefill", prompt, max_tokens=1, prefill_only=True))
+    _drain(engine)
+    sizes = sorted({min(2**i, max_active) for i in range(max_active.bit_length() + 1)})
+    for b in sizes:
+        measure_decode(backend, b, decode_tokens, step_tokens, rng)
+    return time.perf_counter() - t0
+
+
 def profile_backend(
     backend: Backend,
     max_active: int = 4,
