@@ -37,6 +37,21 @@ RATE_SOURCES = ("measured", "advertised")
 # what the bench measures, so it gets a wider margin.
 ROUTER_ARGS = ["--liveness-s", "10"]
 _SYMBOLIC = {"@fastest": max, "@slowest": min}  # forced:@fastest = highest prefill rate
+# Router options a bench policy may carry as suffixes: ``phase_cost+calibrate``.
+POLICY_OPTIONS = {"calibrate": ["--calibrate"], "ratio": ["--decode-estimate", "ratio"]}
+
+
+def router_policy_args(policy: str) -> list[str]:
+    """``POLICY[+OPTION...]`` -> the router's flags; ValueError on an unknown option."""
+    base, *options = policy.split("+")
+    flags = ["--policy", base]
+    for opt in options:
+        if opt not in POLICY_OPTIONS:
+            raise ValueError(
+                f"policy {policy!r}: unknown option {opt!r} (have {sorted(POLICY_OPTIONS)})"
+            )
+        flags += POLICY_OPTIONS[opt]
+    return flags
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,8 @@ class BenchConfig:
             raise ValueError(f"rates must be one of {RATE_SOURCES}")
         if self.transport not in ("ipc", "tcp"):
             raise ValueError("transport must be ipc or tcp")
+        for policy in self.policies:
+            router_policy_args(policy)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -89,9 +106,10 @@ def resolve_policy(policy: str, rates: dict[str, dict[str, float]]) -> str:
     """``forced:@fastest`` / ``forced:@slowest``: the worker with the highest / lowest
     prefill rate (the GPU / the CPU in a mixed cluster); other policies as given."""
     kind, _, sel = policy.partition(":")
+    sel, plus, options = sel.partition("+")
     if kind == "forced" and sel in _SYMBOLIC:
         pick = _SYMBOLIC[sel](rates, key=lambda w: rates[w]["prefill_tok_s"])
-        return f"forced:{pick}"
+        return f"forced:{pick}{plus}{options}"
     return policy
 
 
@@ -176,7 +194,7 @@ class Bench:
         arrivals = wl.arrivals(self.cfg.seed + run)
         with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
             log = Path(tmp) / "decisions.jsonl"
-            router = ["--policy", policy, "--decision-log", str(log), *ROUTER_ARGS]
+            router = [*router_policy_args(policy), "--decision-log", str(log), *ROUTER_ARGS]
             with running_cluster(self.specs(wl, max_active), router, self.cfg.transport) as cl:
                 seeds = asyncio.run(seed_workers(cl.client_addr, self.ids, book.prefix, 600.0))
                 recs = asyncio.run(

@@ -51,7 +51,8 @@ def record_json(rec: RequestRecord, t0: float, keep_tokens: bool) -> dict[str, A
 
 def decisions_json(records: Iterable[dict[str, Any]], request_ids: set[str]) -> list[dict]:
     """The workload's routing decisions (seeds and calibration left out), compacted:
-    per candidate [id, active, queued, cached tokens, score]."""
+    per candidate [id, active, queued, cached tokens, score]; ``calibrated`` and
+    ``decode_ratio`` when the router ran with those options."""
     mine = [d for d in records if d.get("request") in request_ids]
     t0 = min((float(d.get("time", 0.0)) for d in mine), default=0.0)
     out = []
@@ -67,5 +68,6 @@ def decisions_json(records: Iterable[dict[str, Any]], request_ids: set[str]) -> 
                     for c in d.get("candidates", [])
                 ],
             }
+            | {k: d[k] for k in ("calibrated", "decode_ratio") if k in d}  # router options
         )
     return out

@@ -47,7 +47,12 @@ def _opt(*names: str, key: str, help: str, **kw: Any) -> Any:
 @main.group(invoke_without_command=True)
 @click.option("--preset", type=click.Choice(["seed"]), default=None, help="A named protocol.")
 @_opt("--worker", key="workers", multiple=True, help="BACKEND[:ITEM...], e.g. llama.cpp:threads=1")
-@_opt("--policy", key="policies", multiple=True, help="Router policy; forced:@fastest = GPU.")
+@_opt(
+    "--policy",
+    key="policies",
+    multiple=True,
+    help="Router policy[+calibrate][+ratio]; forced:@fastest = GPU.",
+)
 @_opt("--workload", key="workload", type=click.Choice(["burst", "poisson", "onoff"]), help="Shape.")
 @_opt("--requests", key="requests", type=int, multiple=True, help="burst size (repeatable)")
 @_opt("--spacing-ms", key="spacing_ms", type=float, help="Gap between arrivals in a burst.")

@@ -37,7 +37,7 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     args = ["bench", "--worker", f"sim:{tmp / 'slow.json'}", "--worker", f"sim:{tmp / 'fast.json'}"]
     args += ["--requests", str(N_REQUESTS), "--spacing-ms", "20", "--hit-mix", "0.5"]
     args += ["--prefix-tokens", "64", "--prompt-tokens", "70", "--output-tokens", str(N_OUT)]
-    args += ["--policy", "phase_cost", "--runs", "1", "--no-progress", "--out", str(out)]
+    args += ["--policy", "phase_cost+calibrate", "--runs", "1", "--no-progress", "--out", str(out)]
     res = CliRunner().invoke(main, args, catch_exceptions=False)
     assert res.exit_code == 0, res.output
     return out, json.loads((out / "result.json").read_text())
@@ -49,7 +49,7 @@ def test_outputs_exist(result: tuple[Path, dict]) -> None:
     assert (out / "report.md").read_text().startswith("# tandem bench")
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert any(p.endswith("-cdf.png") for p in pngs)
-    assert any(p.endswith("-phase_cost-timeline.png") for p in pngs)
+    assert any(p.endswith("-phase_cost_calibrate-timeline.png") for p in pngs)
     assert all((out / p).stat().st_size > 1000 for p in pngs)
 
 
@@ -77,6 +77,8 @@ def test_every_request_is_accounted_for_and_consistent(result: tuple[Path, dict]
     # The decision log covers exactly the workload's requests, and agrees on placement.
     chosen = {d["request"]: d["choice"] for d in run["decisions"]}
     assert chosen == {r["request_id"]: r["worker"] for r in recs}
+    assert group["cases"][0]["router_policy"] == "phase_cost+calibrate"
+    assert all(d["calibrated"] for d in run["decisions"])  # the option reached the router
     # The oracle is a lower bound of the same workload (up to rate-measurement noise).
     assert 0 < run["oracle"]["makespan_s"] <= 1.25 * m["makespan_s"]
     assert sum(run["oracle"]["requests"].values()) == N_REQUESTS
@@ -114,6 +116,19 @@ def test_preset_options_and_overrides_map_onto_the_config() -> None:
     cfg = build_config(ctx, ctx.params)
     assert [w.label for w in cfg.workloads] == ["poisson1rps-30s-hit0", "poisson1rps-30s-hit50"]
     assert cfg.max_active == (1, 2)
+
+
+def test_policy_options_become_router_flags() -> None:
+    from bench.experiment import resolve_policy, router_policy_args
+
+    assert router_policy_args("phase_cost") == ["--policy", "phase_cost"]
+    assert router_policy_args("phase_cost+calibrate+ratio") == [
+        "--policy", "phase_cost", "--calibrate", "--decode-estimate", "ratio"
+    ]  # fmt: skip
+    rates = {"cpu": {"prefill_tok_s": 1e3}, "gpu": {"prefill_tok_s": 1e4}}
+    assert resolve_policy("forced:@fastest+calibrate", rates) == "forced:gpu+calibrate"
+    with pytest.raises(ValueError, match="unknown option 'fast'"):
+        router_policy_args("phase_cost+fast")
 
 
 def test_a_bench_run_with_a_real_llama_cpp_worker(tmp_path: Path) -> None:
