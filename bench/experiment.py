@@ -156,8 +156,10 @@ class Bench:
         self.ids = [w.worker_id for w in cfg.workers]
 
     def active_of(self, w: WorkerArg, max_active: int) -> int:
-        """A spec's own max_active wins, except in a sweep (the swept value is the point)."""
-        return max_active if len(self.cfg.max_active) > 1 else (w.max_active or max_active)
+        """A spec's own max_active always wins: a sweep varies the workers that name none
+        (``--worker llama.cpp:max_active=4 --worker mlx --sweep-max-active 1,2,4`` sweeps
+        the GPU with the CPU held at 4)."""
+        return w.max_active or max_active
 
     def specs(self, wl: Workload, max_active: int) -> list[WorkerSpec]:
         return [

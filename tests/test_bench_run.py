@@ -118,6 +118,20 @@ def test_preset_options_and_overrides_map_onto_the_config() -> None:
     assert cfg.max_active == (1, 2)
 
 
+def test_a_sweep_varies_only_the_workers_without_their_own_max_active() -> None:
+    from bench.experiment import Bench
+    from client.cli_bench import bench, build_config
+
+    argv = ["--worker", "sim:a.json:id=cpu:max_active=4", "--worker", "sim:b.json:id=gpu"]
+    ctx = bench.make_context("bench", [*argv, "--sweep-max-active", "1,16"])
+    cfg = build_config(ctx, ctx.params)
+    b = Bench(cfg, encode=lambda text: [], doc={})
+    for swept in (1, 16):
+        specs = {s.worker_id: s.args for s in b.specs(cfg.workloads[0], swept)}
+        active = {w: int(a[a.index("--max-active") + 1]) for w, a in specs.items()}
+        assert active == {"cpu": 4, "gpu": swept}
+
+
 def test_policy_options_become_router_flags() -> None:
     from bench.experiment import resolve_policy, router_policy_args
 
