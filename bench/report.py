@@ -138,13 +138,34 @@ def rates_table(group: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _active(cfg: dict[str, Any], group: dict[str, Any]) -> str:
+    """Each worker's max active in ``group``: its spec's own value, else the group's."""
+    out = []
+    for w in cfg["workers"]:
+        own = [i.split("=", 1)[1] for i in w["spec"].split(":") if i.startswith("max_active=")]
+        out.append(f"{w['id']} {own[0] if own else group['max_active']}")
+    return ", ".join(out)
+
+
+def _rate_source(group: dict[str, Any]) -> str:
+    return "/".join(sorted({r.get("source", "?") for r in group["rates"]["used"].values()}))
+
+
+def _commands(doc: dict[str, Any]) -> list[str]:
+    merged = doc.get("merged_from")
+    if not merged:
+        return [f"Command: `{doc['command']}`"]
+    lines = [f"Merged from {len(merged)} bench invocations (`tandem bench merge`):", ""]
+    return lines + [f"- `{m['command']}` (started {m['started']})" for m in merged]
+
+
 def render_report(doc: dict[str, Any], plots: list[str]) -> str:
     """The whole report; ``plots`` are file names next to it."""
     cfg, mach = doc["config"], doc["machine"]
     lines = [
         f"# tandem bench{': preset ' + cfg['preset'] if cfg.get('preset') else ''}",
         "",
-        f"Command: `{doc['command']}`",
+        *_commands(doc),
         "",
         f"Machine: {mach.get('cpu')}, {mach.get('cores')} cores, {mach.get('platform')}; "
         f"GPUs: {', '.join(mach.get('gpus') or ['none'])}; load average at start "
@@ -156,8 +177,8 @@ def render_report(doc: dict[str, Any], plots: list[str]) -> str:
         f"{100 * cfg['cv_rule']['limit']:.0f} % CV). Each run: a fresh cluster, the prefix "
         "seeded into every worker, the workload. Values: mean ± sample std over runs; "
         "latency percentiles are per run, then averaged. Oracle: the shortest makespan any "
-        f"assignment could reach under a throughput model of the workers' {cfg['rates']} "
-        "rates (bench/oracle.py).",
+        "assignment could reach under a throughput model of the workers' rates "
+        "(bench/oracle.py).",
     ]
     if any(w["spec"].startswith("sim") for w in cfg["workers"]):
         lines += [
@@ -165,15 +186,16 @@ def render_report(doc: dict[str, Any], plots: list[str]) -> str:
             "Sim workers play back their profile's timings: they test routing, not devices.",
         ]
     if not doc.get("complete"):
-        lines += ["", "**Incomplete**: the bench did not finish; this is what it measured."]
+        what = "a merged invocation" if doc.get("merged_from") else "the bench"
+        lines += ["", f"**Incomplete**: {what} did not finish; this is what it measured."]
     for group in doc["groups"]:
         wl = group["workload"]
         lines += ["", f"## {group['label']}", ""]
         lines.append(
             f"{wl['kind']}; {wl['prompt_tokens']}-token prompts, {wl['prefix_tokens']} of them the "
             f"seeded prefix for {100 * wl['hit_fraction']:.0f} % of requests; "
-            f"{wl['output_tokens']} output tokens (EOS ignored); max {group['max_active']} "
-            "active per worker."
+            f"{wl['output_tokens']} output tokens (EOS ignored); max active per worker: "
+            f"{_active(cfg, group)}; oracle from {_rate_source(group)} rates."
         )
         hl = headline(group)
         if hl:

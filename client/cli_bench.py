@@ -180,3 +180,26 @@ def report(result: str, out_dir: str | None) -> None:
     files = write_outputs(doc, Path(out_dir) if out_dir else Path(result).parent)
     click.echo(f"wrote {', '.join(str(f) for f in files[:3])}{' ...' if len(files) > 3 else ''}",
                err=True)  # fmt: skip
+
+
+@bench.command("merge")
+@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Where to write the merged result.json, report.md and plots.")  # fmt: skip
+@click.option("--policy", "policies", multiple=True, help="Keep only these router policies.")
+def merge(results: tuple[str, ...], out_dir: str, policies: tuple[str, ...]) -> None:
+    """Merge RESULT.json files of the same workers (a sweep finished in two calls, ...)."""
+    import json
+
+    from bench.merge import merge_results
+    from bench.run import save, write_outputs
+
+    try:
+        doc = merge_results([json.loads(Path(r).read_text()) for r in results], policies)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    save(doc, Path(out_dir))
+    write_outputs(doc, Path(out_dir))
+    n_runs = sum(len(c["runs"]) for g in doc["groups"] for c in g["cases"])
+    click.echo(f"merged {len(results)} results: {len(doc['groups'])} groups, {n_runs} runs "
+               f"-> {out_dir}", err=True)  # fmt: skip

@@ -165,3 +165,32 @@ def test_a_bench_run_with_a_real_llama_cpp_worker(tmp_path: Path) -> None:
     assert len(on_llama) == 2, [r["worker"] for r in recs]
     assert all(r["stats"]["cached_tokens"] == 32 for r in on_llama), "the seeded prefix was reused"
     assert (out / "report.md").exists()
+
+
+def test_merge_joins_runs_of_the_same_case_and_keeps_every_command(
+    result: tuple[Path, dict], tmp_path: Path
+) -> None:
+    from bench.merge import merge_results
+
+    out, doc = result
+    other = json.loads(json.dumps(doc))
+    other["command"] += " --again"
+    other["groups"][0]["label"] = "another-group"
+    merged = merge_results([doc, doc, other])
+    by_label = {g["label"]: g for g in merged["groups"]}
+    assert set(by_label) == {doc["groups"][0]["label"], "another-group"}
+    (case,) = by_label[doc["groups"][0]["label"]]["cases"]
+    assert [r["run"] for r in case["runs"]] == [0, 1]
+    assert case["summary"]["makespan_s"]["n"] == 2
+    assert [m["command"] for m in merged["merged_from"]][-1].endswith("--again")
+    assert merge_results([doc], policies=("forced:cpu",))["groups"] == []
+    stranger = json.loads(json.dumps(doc))
+    stranger["config"]["workers"][0]["id"] = "elsewhere"
+    with pytest.raises(ValueError, match="different workers"):
+        merge_results([doc, stranger])
+    res = CliRunner().invoke(
+        main, ["bench", "merge", str(out / "result.json"), str(out / "result.json"), "--out",
+               str(tmp_path)]
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "Merged from 2 bench invocations" in (tmp_path / "report.md").read_text()
