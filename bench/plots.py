@@ -129,7 +129,7 @@ def sweep_plot(doc: dict[str, Any], path: Path) -> Path:
         xs, ys, errs = ([p[i] for p in pts] for i in range(3))
         ax.errorbar(xs, ys, errs, marker="o", capsize=3, label=f"{wl} {policy}")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("max active requests per worker")
+    ax.set_xlabel("max active requests (of the swept workers)")
     ax.set_ylabel("makespan (s), mean ± std")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

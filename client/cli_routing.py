@@ -128,11 +128,17 @@ def decisions_table(records: list[dict[str, Any]]) -> str:
 @click.option("--device", default="auto", show_default=True)
 @click.option("--threads", type=int, default=2, show_default=True)
 @click.option("--max-active", type=int, default=4, show_default=True)
-@click.option("--n-ctx", type=int, default=4096, show_default=True)
+@click.option("--n-ctx", type=int, default=None, help="KV cells [default: what profiling needs].")
 @click.option("--step-tokens", type=int, default=256, show_default=True)
 @sim_profile
 @click.option("--prompt-tokens", type=int, default=512, show_default=True)
 @click.option("--decode-tokens", type=int, default=32, show_default=True)
+@click.option(
+    "--decode-context",
+    type=int,
+    default=None,
+    help="Prompt tokens before decoding [default: --prompt-tokens].",
+)
 @click.option("--repeats", type=int, default=3, show_default=True)
 @click.option(
     "--save/--no-save",
@@ -147,11 +153,12 @@ def profile(
     device: str,
     threads: int,
     max_active: int,
-    n_ctx: int,
+    n_ctx: int | None,
     step_tokens: int,
     profile_file: str | None,
     prompt_tokens: int,
     decode_tokens: int,
+    decode_context: int | None,
     repeats: int,
     save: bool,
     as_json: bool,
@@ -159,9 +166,10 @@ def profile(
     """Measure a worker's backend in isolation (no router) and store its rates."""
     from workers.engine import EngineConfig
     from workers.main import WorkerConfig, build_backend
-    from workers.profiler import profile_backend
+    from workers.profiler import decode_kv, profile_backend
     from workers.profiles import save_profile
 
+    context = prompt_tokens if decode_context is None else decode_context
     try:
         engine = EngineConfig(max_active=max_active, step_tokens=step_tokens)
         cfg = WorkerConfig(
@@ -171,14 +179,16 @@ def profile(
             None,
             device,
             threads,
-            n_ctx,
+            n_ctx or max(4096, max_active * decode_kv(context, decode_tokens), prompt_tokens + 1),
             engine,
             profile=profile_file,
         )
         be = build_backend(cfg)
         click.echo(f"profiling {be.name} on {be.device} ({be.model_name})...", err=True)
         _warn_if_busy(threads if backend == "llama.cpp" else 1)
-        result = profile_backend(be, max_active, prompt_tokens, decode_tokens, repeats, step_tokens)
+        result = profile_backend(
+            be, max_active, prompt_tokens, decode_tokens, repeats, step_tokens, 0, context
+        )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     doc = result.to_json()
@@ -198,6 +208,7 @@ def profile_table(doc: dict[str, Any]) -> str:
         f"cold prefill ({doc['prompt_tokens']} tokens): {doc['prefill_tok_s']:.1f} tok/s",
     ]
     rows = [[b, x, x / b, 1000 * b / x] for b, x in enumerate(doc["decode_tok_s"], 1)]
+    lines.append(f"decode after {doc.get('decode_context', '?')}-token prompts:")
     lines.append(render(["batch", "decode tok/s", "per request", "step ms"], rows))
     if doc.get("path"):
         lines.append(f"saved to {doc['path']}")

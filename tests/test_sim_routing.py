@@ -132,11 +132,14 @@ def test_profile_command_measures_a_sim(tmp_path: Path, model: Path, monkeypatch
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["simulated"] and doc["device"] == "sim-t" and doc["prompt_tokens"] == 512
+    assert doc["decode_context"] == 512  # decode is measured after prompts as long as served
     # The engine adds a little overhead to the played-back step times.
     assert doc["prefill_tok_s"] == pytest.approx(5000, rel=0.2)
     assert doc["decode_tok_s"] == pytest.approx([250, 400], rel=0.2)
     saved = json.loads(Path(doc["path"]).read_text())
     assert saved["decode_tok_s"] == doc["decode_tok_s"] and str(tmp_path) in doc["path"]
+    small = CliRunner().invoke(main, [*args, "--n-ctx", "600"])
+    assert small.exit_code == 2 and "KV cells" in small.output  # 2 x (512 + 19) > 600
 
 
 # ------------------------------------------------------------ real processes

@@ -5,9 +5,13 @@ so the numbers include the engine's own per-step overhead, as serving does:
 
 - prefill: a cold ``prompt_tokens``-token prompt (``prefill_only``, fresh random
   ids, prefix cache disabled), median of ``repeats`` runs after one warm-up;
-- decode: for every batch size b in 1..max_active, b requests with short
-  distinct prompts decode together; aggregate tok/s is the tokens they produced
-  divided by the time from the step where all were decoding to the last one's end.
+- decode: for every batch size b in 1..max_active, b requests with distinct
+  ``decode_context``-token prompts (default: ``prompt_tokens``) decode together;
+  aggregate tok/s is the tokens they produced divided by the time from the step
+  where all were decoding (plus ``SKIP_STEPS``, which pay first-shape costs on a
+  GPU) to the last one's end. The context matters: llama.cpp on a CPU decodes
+  ~2.2x slower after 512 tokens than after 16 (measured on 2 threads, 43 vs 92
+  tok/s at batch 1), and serving decodes after real prompts.
 
 The result is stored with ``workers.profiles.save_profile`` under the backend's
 name, device and model; workers started without rate flags advertise it.
@@ -27,7 +31,8 @@ from workers.engine import Backend, Engine, EngineConfig
 from workers.request import Request, Status
 
 _FIRST_PROMPT_ID = 256  # random prompts avoid control tokens
-DECODE_PROMPT_TOKENS = 16
+WARM_PROMPT_TOKENS = 16
+SKIP_STEPS = 2  # decode steps at a new batch size left out of the timing
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,7 @@ class ProfileResult:
     prompt_tokens: int
     decode_tok_s: list[float]  # aggregate tok/s at batch size 1, 2, ... max_active
     decode_tokens: int  # tokens each request decoded per measurement
+    decode_context: int  # prompt tokens before decoding (serving decodes after prompts)
     max_active: int
     step_tokens: int
     measured_at: str
@@ -100,17 +106,26 @@ def measure_prefill(
 
 
 def measure_decode(
-    backend: Backend, batch: int, decode_tokens: int, step_tokens: int, rng: random.Random
+    backend: Backend,
+    batch: int,
+    decode_tokens: int,
+    step_tokens: int,
+    rng: random.Random,
+    context: int = WARM_PROMPT_TOKENS,
 ) -> float:
-    """Aggregate decode tok/s with ``batch`` requests decoding together."""
+    """Aggregate decode tok/s with ``batch`` requests decoding together after
+    ``context``-token prompts."""
     engine, out = _engine(backend, batch, step_tokens)
+    n_out = decode_tokens + 1 + SKIP_STEPS
     for i in range(batch):
-        prompt = _prompt(rng, DECODE_PROMPT_TOKENS, backend.vocab_size)
-        engine.submit(Request(f"decode-{batch}-{i}", prompt, decode_tokens + 1, ignore_eos=True))
+        prompt = _prompt(rng, context, backend.vocab_size)
+        engine.submit(Request(f"decode-{batch}-{i}", prompt, n_out, ignore_eos=True))
     while not engine.active or any(r.status is not Status.DECODE for r in engine.active):
         engine.step()  # admission and prefill, not timed
         if not engine.queue and not engine.active:
             raise RuntimeError("decode requests finished before they all decoded together")
+    for _ in range(SKIP_STEPS):
+        engine.step()
     before, t0 = out.tokens, time.perf_counter()
     _drain(engine)
     return (out.tokens - before) / (time.perf_counter() - t0)
@@ -137,6 +152,11 @@ def warm_up(backend: Backend, max_active: int, step_tokens: int, decode_tokens: 
     return time.perf_counter() - t0
 
 
+def decode_kv(context: int, decode_tokens: int) -> int:
+    """KV cells one decode-measurement request holds at its end."""
+    return context + decode_tokens + 1 + SKIP_STEPS
+
+
 def profile_backend(
     backend: Backend,
     max_active: int = 4,
@@ -145,19 +165,22 @@ def profile_backend(
     repeats: int = 3,
     step_tokens: int = 256,
     seed: int = 0,
+    decode_context: int | None = None,
 ) -> ProfileResult:
     """Measure ``backend``: cold prefill, then decode at every batch size up to max_active."""
-    if max_active < 1 or prompt_tokens < 1 or decode_tokens < 2 or repeats < 1:
+    context = prompt_tokens if decode_context is None else decode_context
+    if max_active < 1 or prompt_tokens < 1 or decode_tokens < 2 or repeats < 1 or context < 1:
         raise ValueError(
-            "need max_active >= 1, prompt_tokens >= 1, decode_tokens >= 2, repeats >= 1"
+            "need max_active, prompt_tokens, decode_context, repeats >= 1 and decode_tokens >= 2"
         )
-    if prompt_tokens + 1 > backend.n_ctx:
-        raise ValueError(f"prompt_tokens {prompt_tokens} does not fit n_ctx {backend.n_ctx}")
+    need = max(prompt_tokens + 1, max_active * decode_kv(context, decode_tokens))
+    if need > backend.n_ctx:
+        raise ValueError(f"profiling needs {need} KV cells; n_ctx is {backend.n_ctx}")
     rng = random.Random(seed)
     prefill = measure_prefill(backend, prompt_tokens, repeats, step_tokens, rng)
     measure_decode(backend, 1, min(8, decode_tokens), step_tokens, rng)  # warm-up
     decode = [
-        measure_decode(backend, b, decode_tokens, step_tokens, rng)
+        measure_decode(backend, b, decode_tokens, step_tokens, rng, context)
         for b in range(1, max_active + 1)
     ]
     return ProfileResult(
@@ -168,6 +191,7 @@ def profile_backend(
         prompt_tokens=prompt_tokens,
         decode_tok_s=[round(x, 2) for x in decode],
         decode_tokens=decode_tokens,
+        decode_context=context,
         max_active=max_active,
         step_tokens=step_tokens,
         measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
