@@ -40,7 +40,7 @@ stage() {  # stage NAME CAP_S CMD...: run CMD for at most CAP_S (and what is lef
 }
 
 profile_gpu() {  # profile_gpu NAME [--no-save]
-  stage "$1" 90 $PY -m client profile --backend mlx --device gpu --max-active 16 --json "${@:2}"
+  stage "$1" 240 $PY -m client profile --backend mlx --device gpu --max-active 16 --json "${@:2}"
 }
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
