@@ -8,6 +8,7 @@ from typing import Any
 from common import protocol as p
 
 MAX_STOP_STRINGS = 16
+MAX_REROUTES = 2  # a request that killed two workers is not sent to a third
 
 
 def validate_submit(msg: p.Submit) -> str | None:
@@ -51,6 +52,22 @@ class ClientRequest:
     policy: str = ""  # the policy that chose the worker (forced:<sel> when pinned)
     buffer_ids: list[int] = field(default_factory=list)  # stream=False: held until done
     buffer_text: list[str] = field(default_factory=list)
+    lost_on: list[str] = field(default_factory=list)  # workers that died holding it
+
+    def can_reroute(self) -> bool:
+        """True while the client has seen none of its output (a streamed token, once
+        sent, cannot be taken back) and it has not already outlived MAX_REROUTES workers."""
+        unseen = not self.submit.stream or not self.t_first
+        return unseen and len(self.lost_on) < MAX_REROUTES
+
+    def reroute(self, lost_worker: str, now: float, wait_s: float) -> None:
+        """Back to unassigned, its partial output dropped; it may wait ``wait_s`` for a worker."""
+        self.lost_on.append(lost_worker)
+        self.wid = self.worker_id = None
+        self.t_first = 0.0
+        self.buffer_ids.clear()
+        self.buffer_text.clear()
+        self.deadline = now + wait_s
 
     @property
     def budget(self) -> int:
@@ -73,4 +90,6 @@ class ClientRequest:
         out["worker"] = self.worker_id
         out["policy"] = policy
         out["router_cached_estimate"] = self.cached_estimate
+        if self.lost_on:
+            out["rerouted_from"] = list(self.lost_on)
         return out

@@ -365,11 +365,18 @@ class Router:
         if self._by_identity.get(w.identity) == w.id:
             del self._by_identity[w.identity]
         self.calibration.forget(w.id)
+        now, again = time.monotonic(), []
         for wid in list(w.inflight):
             req = self.requests.get(wid)
-            if req is not None:
-                self._forget(w, req)
+            if req is None:
+                continue
+            self._forget(w, req)
+            if req.can_reroute():  # nothing reached the client yet: route it again
+                req.reroute(w.id, now, self.cfg.no_worker_wait_s)
+                again.append(req)
+            else:
                 self._fail(req, p.WORKER_LOST, f"worker {w.id} was lost ({why})")
+        self.pending.extendleft(reversed(again))  # ahead of newer requests, in their order
 
     def _forget(self, w: WorkerState, req: ClientRequest) -> None:
         w.inflight.pop(req.wid or "", None)

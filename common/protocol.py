@@ -234,7 +234,7 @@ class ResyncCache(Message):
 
 @dataclass
 class Goodbye(Message):
-    """Worker -> router on clean shutdown; its in-flight requests fail at once."""
+    """Worker -> router on clean shutdown; its in-flight requests are re-routed or failed."""
 
     TYPE: ClassVar[str] = "goodbye"
     worker_id: str

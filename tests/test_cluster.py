@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -139,21 +140,45 @@ def test_seeded_prefix_is_reused_and_cuts_ttft(cluster):
     assert warm.stats["ttft_s"] < cold.stats["ttft_s"] / 3
 
 
-def test_a_killed_worker_fails_its_requests_and_the_router_keeps_serving():
+def test_a_killed_worker_fails_only_what_the_client_saw_and_reroutes_the_rest():
+    """A streamed request whose tokens reached the client fails with WorkerLost; requests
+    that had shown the client nothing (queued on the worker, or not streamed) are routed
+    again and finish on the next worker."""
     from client import WorkerLost
     from client.cluster import Cluster, WorkerSpec
 
-    args = LLAMA_ARGS + ["--heartbeat-s", "0.1"]
+    args = LLAMA_ARGS + ["--heartbeat-s", "0.1", "--max-active", "1"]
     cluster = Cluster(workers=[WorkerSpec("doomed", args)], router_args=["--liveness-s", "1"])
     with cluster as cl, cl.client() as c:
         s = c.stream("Tell me a long story.", max_tokens=400, ignore_eos=True)
         it = iter(s)
         next(it)
+        results: dict[str, Any] = {}
+
+        def later(name: str, **kw: Any) -> None:
+            with cl.client() as own:
+                results[name] = own.generate("Hello", max_tokens=3, **kw)
+
+        waiting = [
+            threading.Thread(target=later, args=("queued",)),
+            threading.Thread(target=later, args=("buffered",), kwargs={"stream": False}),
+        ]
+        for t in waiting:
+            t.start()
+        deadline = time.monotonic() + 10
+        while c.status().requests_in_flight < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)  # both are assigned to doomed, queued behind the story
         cl.kill("doomed")
         with pytest.raises(WorkerLost):
             for _ in it:
                 pass
         cl.start_worker(WorkerSpec("phoenix", LLAMA_ARGS))
+        for t in waiting:
+            t.join(timeout=60)
+        for name in ("queued", "buffered"):
+            assert results[name].worker == "phoenix", name
+            assert results[name].stats["rerouted_from"] == ["doomed"]
+            assert len(results[name].token_ids) == 3
         assert c.generate("Hello", max_tokens=3).worker == "phoenix"
 
 

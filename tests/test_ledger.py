@@ -274,3 +274,29 @@ def test_prefill_is_calibrated_only_from_requests_that_ran_alone() -> None:
     assert cal.adjust(WorkerView("a", 100.0, (50.0,))).prefill_rate == pytest.approx(256.0)
     cal.forget("a")
     assert cal.adjust(WorkerView("a", 100.0, (50.0,))).prefill_rate == 100.0
+
+
+def test_a_lost_worker_s_unseen_requests_are_routed_again_in_order(h: Harness) -> None:
+    h.add_worker("a", FAST)
+    for rid in ("seen", "unseen-1", "unseen-2"):
+        h.submit(rid, prompt(1))
+    seen, first, second = (h.assigned("a") for _ in range(3))
+    h.workers["a"].send(p.TokenDelta(seen.request_id, [5], "t5"))
+    h.pump()
+    assert isinstance(h.recv(h.client), p.TokenDelta)  # "seen" showed the client a token
+    h.workers["a"].send(p.Goodbye("a"))
+    h.pump()
+    lost = h.recv(h.client)
+    assert isinstance(lost, p.Error) and (lost.code, lost.request_id) == (p.WORKER_LOST, "seen")
+    assert [r.submit.request_id for r in h.router.pending] == ["unseen-1", "unseen-2"]
+    assert not h.client.poll(50)  # they wait for a worker instead of failing
+    h.add_worker("b", FAST)
+    again = [h.assigned("b") for _ in range(2)]
+    assert [a.tokens for a in again] == [first.tokens, second.tokens]
+    accepted = [h.recv(h.client) for _ in range(2)]
+    assert [(m.request_id, m.worker_id) for m in accepted] == [("unseen-1", "b"), ("unseen-2", "b")]
+    h.workers["b"].send(p.Done(again[0].request_id, "length", {}))
+    h.pump()
+    done = h.recv(h.client)
+    assert isinstance(done, p.Done) and done.stats["rerouted_from"] == ["a"]
+    assert done.stats["worker"] == "b"
