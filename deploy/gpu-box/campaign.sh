@@ -6,7 +6,8 @@
 # device call returns few files). BUDGET_S bounds the whole call; each stage also
 # has its own cap, and one that would start with < 20 s left is skipped (the bench
 # saves after every run, so a cut stage keeps its finished runs). RUNS8 / RUNS48
-# set the runs per case of the seed stages (the preset's 3 by default).
+# set the runs per case of the seed stages (the preset's 3 by default), RUNSQ those
+# of the `qwen` stage (a Qwen2.5-0.5B-shaped model with random weights; 1 run).
 #
 # The box keeps files between calls only while it stays warm, so settings chosen by
 # the `knobs` stage are kept in $TANDEM_CACHE_DIR/campaign.env and read by later calls.
@@ -79,6 +80,18 @@ for s in "$@"; do
     onoff) stage onoff 200 $PY -m client bench --worker "$CPU" --worker "$GPU" \
            "${TRAFFIC_POLICIES[@]}" --workload onoff --bursts 3 --requests 16 --gap-s 4 \
            --runs 1 --rates advertised --no-progress --out "$out/onoff" ;;
+    qwen)  # the article's model shape, random weights (bench/shaped_model.py): timing only
+      q="$TANDEM_CACHE_DIR/qwen2.5-0.5b-shaped.gguf"
+      [ -f "$q" ] || stage qwen-model 120 $PY -m bench.shaped_model qwen2.5-0.5b "$q"
+      stage qwen-profile-cpu 120 $PY -m client profile --backend llama.cpp --model "$q" --threads 12 --json
+      stage qwen-profile-gpu 240 $PY -m client profile --backend mlx --model "$q" --device gpu \
+           --max-active 16 --json
+      for n in 8 48; do
+        stage "qwen-seed$n" 300 $PY -m client bench --preset seed \
+           --worker "llama.cpp:$q:threads=12:id=cpu" --worker "mlx:$q:device=gpu:id=gpu" \
+           --policy forced:gpu --policy forced:cpu --policy phase_cost --requests "$n" \
+           --runs "${RUNSQ:-1}" --no-progress --out "$out/qwen-seed$n"
+      done ;;
     *) echo "unknown stage $s" >&2 ;;
   esac
 done
