@@ -223,3 +223,19 @@ def test_warmup_setting_is_on_for_gpus_by_default_and_validated() -> None:
     assert not WorkerConfig("tcp://127.0.0.1:1", warmup="off").wants_warmup("gpu-metal")
     with pytest.raises(ValueError, match="warmup"):
         WorkerConfig("tcp://127.0.0.1:1", warmup="sometimes")
+
+
+def test_a_worker_without_profile_or_rate_flags_says_its_rates_are_a_guess(
+    tmp_path, monkeypatch, caplog
+) -> None:
+    from workers.main import WorkerConfig, rates
+
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))  # no stored profiles here
+    with caplog.at_level("WARNING", logger="workers.main"):
+        assert rates(WorkerConfig("tcp://127.0.0.1:1"), FakeBackend()) == (200.0, [50.0] * 4)
+    assert "no stored profile for fake" in caplog.text and "tandem profile" in caplog.text
+    caplog.clear()
+    flagged = WorkerConfig("tcp://127.0.0.1:1", prefill_tok_s=900.0, decode_tok_s=(80.0,))
+    with caplog.at_level("WARNING", logger="workers.main"):
+        assert rates(flagged, FakeBackend()) == (900.0, [80.0] * 4)
+    assert not caplog.text

@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 BACKENDS = ("llama.cpp", "mlx", "sim")
 WARMUP = ("auto", "on", "off")
+DEFAULT_PREFILL_TOK_S, DEFAULT_DECODE_TOK_S = 200.0, 50.0  # no profile, no flags: a guess
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,15 @@ def rates(cfg: WorkerConfig, backend: Backend) -> tuple[float, list[float]]:
 
     # A simulated device's profile file is its definition: advertise exactly that.
     stored = getattr(backend, "profile_rates", None) or stored_rates(backend)
-    prefill = cfg.prefill_tok_s or (stored[0] if stored else 200.0)
-    decode = list(cfg.decode_tok_s or (stored[1] if stored else [50.0]))
+    if stored is None and not (cfg.prefill_tok_s and cfg.decode_tok_s):
+        log.warning(
+            "no stored profile for %s on %s (%s): advertising rough default rates. Routing "
+            "between unlike workers prices this one wrongly until `tandem profile --backend "
+            "%s --device %s` has run here (or the router runs with --calibrate).",
+            backend.name, backend.device, backend.model_name, backend.name, cfg.device,
+        )  # fmt: skip
+    prefill = cfg.prefill_tok_s or (stored[0] if stored else DEFAULT_PREFILL_TOK_S)
+    decode = list(cfg.decode_tok_s or (stored[1] if stored else [DEFAULT_DECODE_TOK_S]))
     while len(decode) < cfg.engine.max_active:
         decode.append(decode[-1])  # no data beyond this batch size: assume a plateau
     return prefill, decode[: cfg.engine.max_active]
