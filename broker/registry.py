@@ -16,6 +16,7 @@ from typing import Any
 from broker.policy import Load, WorkerView
 from common import protocol as p
 from common.blocks import CacheView, block_hashes, matched_tokens
+from common.tokenizer import TokenizerSpec
 
 
 @dataclass
@@ -120,3 +121,19 @@ class WorkerState:
             "last_seen_s": round(time.monotonic() - self.last_seen, 3),
             "requests": hb.active + hb.queued if hb else [],
         }
+
+
+def ready_problem(ready: p.Ready, model: str | None, have_tokenizer: bool) -> str | None:
+    """Why the router refuses this Ready (``model``: the one it already serves), or None."""
+    if model is not None and ready.model != model:
+        return f"this router serves {model!r}; worker has {ready.model!r}"
+    if ready.max_active < 1 or ready.n_ctx < 1 or ready.block_size < 1:
+        return "max_active, n_ctx and block_size must be >= 1"
+    if ready.prefill_tok_s <= 0 or not ready.decode_tok_s or min(ready.decode_tok_s) <= 0:
+        return "rates must be positive"
+    if not have_tokenizer:  # the first worker's tokenizer becomes the router's
+        try:
+            TokenizerSpec.from_wire(ready.tokenizer)
+        except (ValueError, KeyError, TypeError) as exc:
+            return f"unusable tokenizer: {exc}"
+    return None

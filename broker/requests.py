@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common import protocol as p
+from common.tokenizer import TextTokenizer
 
 MAX_STOP_STRINGS = 16
 MAX_REROUTES = 2  # a request that killed two workers is not sent to a third
@@ -93,3 +94,20 @@ class ClientRequest:
         if self.lost_on:
             out["rerouted_from"] = list(self.lost_on)
         return out
+
+
+def prompt_tokens(sub: p.Submit, tokenizer: TextTokenizer | None) -> list[int]:
+    """The token ids ``sub`` asks for (given, or its prompt / chat messages encoded);
+    ValueError when they cannot be had."""
+    if tokenizer is None:
+        raise ValueError("the router has no tokenizer yet")
+    if sub.tokens is not None:
+        bad = [t for t in sub.tokens if not 0 <= t < tokenizer.vocab_size]
+        if bad:
+            raise ValueError(f"token ids outside the vocabulary: {bad[:5]}")
+        return list(sub.tokens)
+    text = sub.prompt if sub.messages is None else tokenizer.apply_chat_template(sub.messages)
+    tokens = tokenizer.encode(text or "")
+    if not tokens:
+        raise ValueError("the prompt is empty")
+    return tokens

@@ -19,8 +19,8 @@ import zmq
 from broker.calibration import DECODE_ESTIMATES, Calibration
 from broker.decisions import DecisionLog, decision_record
 from broker.policy import NoCandidate, parse_policy
-from broker.registry import Routed, WorkerState
-from broker.requests import ClientRequest, validate_submit
+from broker.registry import Routed, WorkerState, ready_problem
+from broker.requests import ClientRequest, prompt_tokens, validate_submit
 from common import protocol as p
 from common.settings import Addresses
 from common.tokenizer import TextTokenizer, TokenizerSpec
@@ -175,7 +175,7 @@ class Router:
     def route(self, req: ClientRequest) -> None:
         sub = req.submit
         try:
-            tokens = self._tokens(sub)
+            tokens = prompt_tokens(sub, self.tokenizer)
         except ValueError as exc:
             self._fail(req, p.BAD_REQUEST, str(exc))
             return
@@ -236,22 +236,6 @@ class Router:
         self._by_client[(req.client, sub.request_id)] = wid
         self.client_sock.send(req.client, p.Accepted(sub.request_id, w.id, len(tokens), cached))
 
-    def _tokens(self, sub: p.Submit) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("the router has no tokenizer yet")
-        if sub.tokens is not None:
-            bad = [t for t in sub.tokens if not 0 <= t < self.tokenizer.vocab_size]
-            if bad:
-                raise ValueError(f"token ids outside the vocabulary: {bad[:5]}")
-            return list(sub.tokens)
-        text = (
-            sub.prompt if sub.messages is None else self.tokenizer.apply_chat_template(sub.messages)
-        )
-        tokens = self.tokenizer.encode(text or "")
-        if not tokens:
-            raise ValueError("the prompt is empty")
-        return tokens
-
     # ------------------------------------------------------------ workers
     def on_worker(self, identity: bytes, msg: p.Message | p.ProtocolError) -> None:
         if isinstance(msg, p.ProtocolError):
@@ -280,7 +264,7 @@ class Router:
             log.warning("worker %s sent unexpected %s", w.id, msg.TYPE)
 
     def register(self, identity: bytes, ready: p.Ready) -> None:
-        problem = self._check_ready(ready)
+        problem = ready_problem(ready, self.model, have_tokenizer=self.tokenizer is not None)
         if problem:
             log.error("refusing worker %s: %s", ready.worker_id, problem)
             self.worker_sock.send(identity, p.Error(p.BAD_REQUEST, problem))
@@ -306,20 +290,6 @@ class Router:
         )
         self.worker_sock.send(identity, p.Welcome(policy=self.policy.name))
         self.dispatch_pending()
-
-    def _check_ready(self, ready: p.Ready) -> str | None:
-        if self.model is not None and ready.model != self.model:
-            return f"this router serves {self.model!r}; worker has {ready.model!r}"
-        if ready.max_active < 1 or ready.n_ctx < 1 or ready.block_size < 1:
-            return "max_active, n_ctx and block_size must be >= 1"
-        if ready.prefill_tok_s <= 0 or not ready.decode_tok_s or min(ready.decode_tok_s) <= 0:
-            return "rates must be positive"
-        if self.tokenizer is None:
-            try:
-                TokenizerSpec.from_wire(ready.tokenizer)
-            except (ValueError, KeyError, TypeError) as exc:
-                return f"unusable tokenizer: {exc}"
-        return None
 
     def relay(self, w: WorkerState, msg: p.TokenDelta | p.Done | p.Error) -> None:
         wid = msg.request_id
