@@ -14,7 +14,9 @@ request had the worker to itself, so prefill is measured from such requests
 alone (seed requests, quiet periods). Each measurement moves a per-batch-size
 *factor* (measured / advertised) by an exponential moving average; batch sizes
 never observed borrow the nearest observed factor, so the profile's shape is
-kept while its level follows reality.
+kept while its level follows reality. A request still decoding is measured the
+same way at 16 relayed tokens and every 32 after (router clock), so a burst is
+priced by what the workers deliver during it, not only by what already finished.
 
 Output length (``--decode-estimate ratio``): every decode budget the policy
 sees, the new request's and those still outstanding on each worker, is scaled
@@ -38,6 +40,7 @@ DECODE_ESTIMATES = ("budget", "ratio")
 ALPHA = 0.3  # EWMA weight of a new measurement: a few requests move the factor
 MIN_PREFILL_TOKENS = 32  # shorter prefills are dominated by step overhead
 MIN_OUTPUT_TOKENS = 8
+PROGRESS_FIRST, PROGRESS_EVERY = 16, 32  # mid-flight decode samples: at 16 tokens, every 32
 ALONE = 1.25  # mean active count at which a prefill counts as "had the worker alone"
 RATIO_WINDOW = 64  # finished requests the output ratio is computed over
 RATIO_MIN_SAMPLES = 4
@@ -157,7 +160,24 @@ class Calibration:
             and alone <= ALONE
         ):
             w.prefill_factor = _ewma(w.prefill_factor, computed / prefill_s / w.prefill_tok_s)
-        decode_s = float(stats.get("decode_s", 0.0) or 0.0)
+        self._decode_sample(w, output, float(stats.get("decode_s", 0.0) or 0.0), now)
+
+    def on_progress(
+        self, worker_id: str, tokens_seen: int, t_first: float, now: float | None = None
+    ) -> None:
+        """A request still running on ``worker_id`` has relayed ``tokens_seen`` tokens,
+        the first at ``t_first`` (router clock): a decode sample taken mid-flight, so
+        that a burst is priced by what the workers deliver during it, not only by the
+        requests that already finished (the router calls this at PROGRESS_FIRST tokens,
+        then every PROGRESS_EVERY)."""
+        w = self.workers.get(worker_id)
+        if w is None or not self.calibrate or not t_first:
+            return
+        now = time.monotonic() if now is None else now
+        self._decode_sample(w, tokens_seen, now - t_first, now)
+
+    def _decode_sample(self, w: WorkerRates, output: int, decode_s: float, now: float) -> None:
+        """``output`` tokens, the last ``output - 1`` decoded in ``decode_s`` up to ``now``."""
         batch = w.mean_active(now - decode_s, now) if decode_s > 0 else None
         if output >= MIN_OUTPUT_TOKENS and batch is not None:
             batch = max(1.0, batch)  # it was decoding itself: at least one row

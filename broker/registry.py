@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker.calibration import PROGRESS_EVERY, PROGRESS_FIRST
 from broker.policy import Load, WorkerView
 from common import protocol as p
 from common.blocks import CacheView, block_hashes, matched_tokens
@@ -30,6 +31,15 @@ class Routed:
     cached_estimate: int
     prefill_only: bool
     tokens_seen: int = 0
+    next_sample: int = PROGRESS_FIRST  # relayed tokens at which calibration samples it next
+
+    def relayed(self, n_tokens: int) -> bool:
+        """Count ``n_tokens`` relayed; True when calibration should sample it now."""
+        self.tokens_seen += n_tokens
+        if self.tokens_seen < self.next_sample:
+            return False
+        self.next_sample = self.tokens_seen + PROGRESS_EVERY
+        return True
 
     def load(self, reported: dict[str, Any] | None, queued: bool = False) -> Load:
         """This request's remaining work: the heartbeat's numbers, or the ledger's.

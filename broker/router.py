@@ -301,8 +301,9 @@ class Router:
         sub = req.submit
         if isinstance(msg, p.TokenDelta):
             req.on_tokens(msg, time.monotonic())
-            if routed := w.inflight.get(wid):
-                routed.tokens_seen += len(msg.token_ids)
+            routed = w.inflight.get(wid)
+            if routed is not None and routed.relayed(len(msg.token_ids)):
+                self.calibration.on_progress(w.id, routed.tokens_seen, req.t_first)
             if sub.stream and not self.client_sock.send(
                 req.client, p.TokenDelta(sub.request_id, msg.token_ids, msg.text)
             ):

@@ -8,6 +8,7 @@ workers and a fake client on DEALER sockets: no threads, no timing, no model.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -300,3 +301,34 @@ def test_a_lost_worker_s_unseen_requests_are_routed_again_in_order(h: Harness) -
     done = h.recv(h.client)
     assert isinstance(done, p.Done) and done.stats["rerouted_from"] == ["a"]
     assert done.stats["worker"] == "b"
+
+
+def test_a_running_request_calibrates_decode_before_it_finishes() -> None:
+    cal = Calibration(calibrate=True)
+    cal.register("a", 100.0, [400.0, 600.0])
+    cal.on_heartbeat("a", 2, now=10.0)
+    cal.on_progress("a", 7, t_first=10.0, now=10.1)  # too few tokens to say anything
+    assert cal.workers["a"].decode_factor == {}
+    # 17 tokens relayed, 16 decode steps in 0.4 s, 2 decoding: 80 tok/s at batch 2.
+    cal.on_progress("a", 17, t_first=10.0, now=10.4)
+    assert cal.workers["a"].decode_factor == {2: pytest.approx(80 / 600)}
+    Calibration(calibrate=False).on_progress("a", 17, t_first=10.0, now=10.4)  # a no-op
+
+
+def test_the_router_samples_decode_mid_flight(make: Callable[..., Harness]) -> None:
+    """A worker advertising 100,000 tok/s that relays ~100 tok/s is re-priced after 16
+    tokens, long before its request ends."""
+    h = make(calibrate=True)
+    h.add_worker("a", (1000.0, [1e5]))
+    h.submit("r0", prompt(0), max_tokens=500)
+    wid = h.assigned("a").request_id
+    h.heartbeat("a", 1, active=[row(wid, 64, 0, 0, 500)])
+    h.workers["a"].send(p.TokenDelta(wid, [1], "t1"))
+    h.pump()
+    time.sleep(0.15)
+    h.workers["a"].send(p.TokenDelta(wid, list(range(2, 17)), "t"))
+    h.pump()
+    h.client.send(p.StatusQuery())
+    h.pump()
+    rows = [m for m in (h.recv(h.client) for _ in range(3)) if isinstance(m, p.StatusReply)]
+    assert rows[0].workers[0]["calibrated_decode_tok_s"][0] < 1000  # ~100, not 100,000
