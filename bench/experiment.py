@@ -37,8 +37,13 @@ RATE_SOURCES = ("measured", "advertised")
 # what the bench measures, so it gets a wider margin.
 ROUTER_ARGS = ["--liveness-s", "10"]
 _SYMBOLIC = {"@fastest": max, "@slowest": min}  # forced:@fastest = highest prefill rate
-# Router options a bench policy may carry as suffixes: ``phase_cost+calibrate``.
-POLICY_OPTIONS = {"calibrate": ["--calibrate"], "ratio": ["--decode-estimate", "ratio"]}
+# Router options a bench policy may carry as suffixes: ``phase_cost+static`` prices by
+# the advertised rates alone (the router calibrates by default).
+POLICY_OPTIONS = {
+    "calibrate": ["--calibrate"],
+    "static": ["--no-calibrate"],
+    "ratio": ["--decode-estimate", "ratio"],
+}
 
 
 def router_policy_args(policy: str) -> list[str]:

@@ -36,7 +36,7 @@ class RouterConfig:
     liveness_s: float = 3.0  # floor of a worker's liveness window (else 6 heartbeats)
     no_worker_wait_s: float = 30.0  # how long a request waits for a first worker
     decision_log: str | None = None
-    calibrate: bool = False  # update rates from finished requests (broker/calibration.py)
+    calibrate: bool = True  # rates follow what requests take (broker/calibration.py)
     decode_estimate: str = "budget"  # "budget" | "ratio"
 
     def __post_init__(self) -> None:

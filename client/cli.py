@@ -81,9 +81,9 @@ sim_profile = click.option(
 )
 @click.option(
     "--calibrate/--no-calibrate",
-    default=False,
+    default=True,
     show_default=True,
-    help="Update worker rates from finished requests (off until a benchmark shows it helps).",
+    help="Let worker rates follow what requests take (off: price by advertised rates only).",
 )
 @click.option(
     "--decode-estimate",

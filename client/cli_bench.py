@@ -51,7 +51,7 @@ def _opt(*names: str, key: str, help: str, **kw: Any) -> Any:
     "--policy",
     key="policies",
     multiple=True,
-    help="Router policy[+calibrate][+ratio]; forced:@fastest = GPU.",
+    help="Router policy[+static|+calibrate][+ratio]; forced:@fastest = GPU.",
 )
 @_opt("--workload", key="workload", type=click.Choice(["burst", "poisson", "onoff"]), help="Shape.")
 @_opt("--requests", key="requests", type=int, multiple=True, help="burst size (repeatable)")

@@ -136,6 +136,7 @@ def test_policy_options_become_router_flags() -> None:
     from bench.experiment import resolve_policy, router_policy_args
 
     assert router_policy_args("phase_cost") == ["--policy", "phase_cost"]
+    assert router_policy_args("phase_cost+static") == ["--policy", "phase_cost", "--no-calibrate"]
     assert router_policy_args("phase_cost+calibrate+ratio") == [
         "--policy", "phase_cost", "--calibrate", "--decode-estimate", "ratio"
     ]  # fmt: skip

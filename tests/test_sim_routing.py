@@ -151,7 +151,9 @@ def sim_cluster(tmp_path: Path, model: Path) -> Iterator[tuple[Cluster, Path]]:
         WorkerSpec(wid, ["--backend", "sim", "--profile", str(prof), "--max-active", "4"])
         for wid, prof in (("gpu", GPU_PROFILE), ("cpu", CPU_PROFILE))
     ]
-    with Cluster(workers, ["--decision-log", str(log)], log_dir=tmp_path) as c:
+    # Static prices: the test checks scores against the profiles' own numbers.
+    router = ["--decision-log", str(log), "--no-calibrate"]
+    with Cluster(workers, router, log_dir=tmp_path) as c:
         try:
             yield c, log
         finally:
