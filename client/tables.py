@@ -26,6 +26,7 @@ def workers_table(reply: p.StatusReply) -> str:
     head = f"policy {reply.policy}, {reply.requests_in_flight} request(s) in flight"
     if not reply.workers:
         return head + "\n(no workers connected)"
+    calibrated = any("calibrated_decode_tok_s" in w for w in reply.workers)
     rows = [
         [
             w["id"],
@@ -40,6 +41,7 @@ def workers_table(reply: p.StatusReply) -> str:
             w["routed_total"],
             w["last_seen_s"],
         ]
+        + (_calibrated(w) if calibrated else [])
         for w in reply.workers
     ]
     headers = [
@@ -55,4 +57,11 @@ def workers_table(reply: p.StatusReply) -> str:
         "routed",
         "seen_s_ago",
     ]
+    if calibrated:  # what the router prices with now, after what requests took
+        headers += ["prefill/s now", "decode/s now"]
     return head + "\n" + render(headers, rows)
+
+
+def _calibrated(w: dict[str, Any]) -> list[Any]:
+    decode = w.get("calibrated_decode_tok_s")
+    return [w.get("calibrated_prefill_tok_s", ""), ",".join(f"{x:.0f}" for x in decode or [])]

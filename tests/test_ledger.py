@@ -332,3 +332,17 @@ def test_the_router_samples_decode_mid_flight(make: Callable[..., Harness]) -> N
     h.pump()
     rows = [m for m in (h.recv(h.client) for _ in range(3)) if isinstance(m, p.StatusReply)]
     assert rows[0].workers[0]["calibrated_decode_tok_s"][0] < 1000  # ~100, not 100,000
+
+
+def test_status_table_shows_what_the_router_prices_with_now(make: Callable[..., Harness]) -> None:
+    from client.tables import workers_table
+
+    h = make()  # calibration is on by default
+    h.add_worker("a", (100.0, [50.0, 80.0]))
+    h.client.send(p.StatusQuery())
+    h.pump()
+    reply = h.recv(h.client)
+    assert isinstance(reply, p.StatusReply)
+    header, _, line = workers_table(reply).splitlines()[1:4]
+    assert header.endswith("prefill/s now  decode/s now")
+    assert line.split()[-2:] == ["100", "50,80"]
