@@ -24,7 +24,7 @@ CPU=${CPU_WORKER:-llama.cpp:threads=12:id=cpu}
 GPU=${GPU_WORKER:-mlx:device=gpu:id=gpu}
 ALL_POLICIES=(--policy forced:gpu --policy forced:cpu --policy round_robin --policy least_loaded
               --policy cache_aware --policy phase_cost)
-TRAFFIC_POLICIES=(--policy forced:gpu --policy phase_cost --policy phase_cost+calibrate)
+TRAFFIC_POLICIES=(--policy forced:gpu --policy phase_cost+static --policy phase_cost)  # calibrated by default
 envfile="$TANDEM_CACHE_DIR/campaign.env"
 # shellcheck disable=SC1090
 [ -f "$envfile" ] && { set -a; . "$envfile"; set +a; cp "$envfile" "$out/campaign.env"; }
