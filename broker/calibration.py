@@ -75,13 +75,17 @@ class WorkerRates:
         """Time-weighted mean active count over [t0, t1], from heartbeat samples."""
         if t1 <= t0 or not self.active:
             return None
+        window = []  # newest first: the samples inside (t0, t1), then the last one before
+        for t, n in reversed(self.active):  # a window is recent: do not walk all history
+            if t < t1:
+                window.append((t, n))
+                if t <= t0:
+                    break
         total, prev_t, prev_n = 0.0, t0, None
-        for t, n in self.active:
+        for t, n in reversed(window):
             if t <= t0:
                 prev_n = n
                 continue
-            if t >= t1:
-                break
             if prev_n is not None:
                 total += prev_n * (t - prev_t)
             prev_t, prev_n = t, n

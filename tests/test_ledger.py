@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from tokenizers import Tokenizer, models
 
 from broker.calibration import Calibration
@@ -346,3 +348,32 @@ def test_status_table_shows_what_the_router_prices_with_now(make: Callable[..., 
     header, _, line = workers_table(reply).splitlines()[1:4]
     assert header.endswith("prefill/s now  decode/s now")
     assert line.split()[-2:] == ["100", "50,80"]
+
+
+@given(
+    samples=st.lists(st.tuples(st.floats(0, 10, allow_nan=False), st.integers(0, 6)), max_size=12),
+    t0=st.floats(-1, 11, allow_nan=False),
+    span=st.floats(0.01, 5, allow_nan=False),
+)
+def test_mean_active_is_the_time_average_of_the_heartbeat_step_function(
+    samples: list[tuple[float, int]], t0: float, span: float
+) -> None:
+    from collections import deque
+
+    from broker.calibration import WorkerRates
+
+    samples.sort(key=lambda s: s[0])
+    w = WorkerRates(1.0, (1.0,))
+    w.active = deque(samples)
+    t1 = t0 + span
+    known = [s for s in samples if s[0] < t1]
+    if not known:
+        assert w.mean_active(t0, t1) is None
+        return
+    start = max(t0, samples[0][0])  # before the first heartbeat nothing is known
+    edges = sorted({start, t1, *(t for t, _ in known if start < t < t1)})
+    area = 0.0
+    for a, b in zip(edges, edges[1:], strict=False):
+        area += [n for t, n in samples if t <= a][-1] * (b - a)  # the value holding at a
+    got = w.mean_active(t0, t1)
+    assert got == pytest.approx(area / (t1 - start), rel=1e-9, abs=1e-9)
