@@ -114,6 +114,8 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
     if cfg.wants_warmup(backend.device):
         from workers.profiler import warm_up
 
+        log.info("warming %s up (the first run on a machine compiles kernels: minutes)",
+                 backend.device)  # fmt: skip
         took = warm_up(backend, cfg.engine.max_active, cfg.engine.step_tokens)
         log.info("warmed %s up in %.2f s", backend.device, took)
     prefill, decode = rates(cfg, backend)
