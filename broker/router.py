@@ -120,7 +120,10 @@ class Router:
                 {**w.describe(), **self.calibration.describe(w.id)}
                 for w in sorted(self.workers.values(), key=lambda w: w.id)
             ]
-            reply(identity, p.StatusReply(self.policy.name, rows, len(self.requests)))
+            reply(
+                identity,
+                p.StatusReply(self.policy.name, rows, len(self.requests), len(self.pending)),
+            )
         else:
             reply(identity, p.Error(p.BAD_REQUEST, f"clients may not send {msg.TYPE!r}"))
 

@@ -321,6 +321,7 @@ def status(router_addr: str, as_json: bool) -> None:
                     "policy": reply.policy,
                     "workers": reply.workers,
                     "requests_in_flight": reply.requests_in_flight,
+                    "requests_pending": reply.requests_pending,
                 }
             )
         )

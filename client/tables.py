@@ -24,6 +24,8 @@ def _cell(v: Any) -> str:
 
 def workers_table(reply: p.StatusReply) -> str:
     head = f"policy {reply.policy}, {reply.requests_in_flight} request(s) in flight"
+    if reply.requests_pending:
+        head += f", {reply.requests_pending} waiting for a worker"
     if not reply.workers:
         return head + "\n(no workers connected)"
     calibrated = any("calibrated_decode_tok_s" in w for w in reply.workers)

@@ -120,6 +120,7 @@ class StatusReply(Message):
     policy: str
     workers: list[dict[str, Any]]
     requests_in_flight: int = 0
+    requests_pending: int = 0  # waiting for a worker (none yet, or theirs was lost)
 
 
 # ---------------------------------------------------------------- router -> client

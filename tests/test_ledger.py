@@ -293,6 +293,11 @@ def test_a_lost_worker_s_unseen_requests_are_routed_again_in_order(h: Harness) -
     assert isinstance(lost, p.Error) and (lost.code, lost.request_id) == (p.WORKER_LOST, "seen")
     assert [r.submit.request_id for r in h.router.pending] == ["unseen-1", "unseen-2"]
     assert not h.client.poll(50)  # they wait for a worker instead of failing
+    h.client.send(p.StatusQuery())
+    h.pump()
+    status = h.recv(h.client)
+    assert isinstance(status, p.StatusReply)
+    assert (status.requests_in_flight, status.requests_pending, status.workers) == (0, 2, [])
     h.add_worker("b", FAST)
     again = [h.assigned("b") for _ in range(2)]
     assert [a.tokens for a in again] == [first.tokens, second.tokens]
