@@ -6,7 +6,11 @@ receives assignments through ``Engine.inbox``. This thread also registers with
 the router (Ready, retried with backoff until Welcome), re-registers when the
 router has forgotten the worker (router restart), and re-sends the latest
 heartbeat whenever the compute thread is busy inside a long model step, so a
-worker in the middle of a big prefill is never mistaken for a dead one.
+worker in the middle of a big prefill is never mistaken for a dead one — but only
+for ``stall_s``: a compute thread silent that long is stuck (no step lasts a
+minute), and the router must be let to expire the worker and route its requests
+elsewhere rather than wait on it forever. When the compute thread speaks again,
+the worker simply re-registers.
 """
 
 from __future__ import annotations
@@ -26,11 +30,19 @@ log = logging.getLogger(__name__)
 
 _HB, _MSG = b"hb", b"msg"
 READY_BACKOFF_MAX_S = 5.0
+STALL_S = 60.0  # compute-thread silence after which heartbeats are no longer repeated
 
 
 class WorkerLink:
-    def __init__(self, router_addr: str, ready: p.Ready, inbox: queue.Queue[p.Message]) -> None:
+    def __init__(
+        self,
+        router_addr: str,
+        ready: p.Ready,
+        inbox: queue.Queue[p.Message],
+        stall_s: float = STALL_S,
+    ) -> None:
         self.router_addr = router_addr
+        self.stall_s = stall_s
         self.ready = ready
         self.inbox = inbox
         self.registered = threading.Event()
@@ -62,7 +74,8 @@ class WorkerLink:
         poller.register(self._pull, zmq.POLLIN)
         backoff_s, next_ready = 0.25, 0.0
         last_hb: bytes | None = None
-        last_sent = 0.0
+        last_sent = last_heard = time.monotonic()  # heard: from the compute thread
+        stalled = False
         hb_s = self.ready.heartbeat_s
         try:
             while not stop.is_set():
@@ -74,6 +87,10 @@ class WorkerLink:
                 if self._pull in events:
                     while self._pull.poll(0):
                         kind, frame = self._pull.recv_multipart()
+                        last_heard = time.monotonic()
+                        if stalled:
+                            log.warning("the compute thread is back")
+                            stalled = False
                         if kind == _HB:
                             last_hb = frame
                         if kind == _MSG or self.registered.is_set():
@@ -83,13 +100,19 @@ class WorkerLink:
                     while dealer.poll(0):
                         if self._dispatch(dealer.recv()):
                             backoff_s, next_ready = 0.25, 0.0
+                now = time.monotonic()
+                if not stalled and now - last_heard > self.stall_s:
+                    log.error("the compute thread has been silent for %.0f s: stuck; no "
+                              "longer vouching for it", now - last_heard)  # fmt: skip
+                    stalled = True
                 if (
                     last_hb is not None
                     and self.registered.is_set()
-                    and time.monotonic() - last_sent >= hb_s
+                    and not stalled
+                    and now - last_sent >= hb_s
                 ):
                     dealer.sock.send(last_hb)  # compute thread is busy: repeat the latest state
-                    last_sent = time.monotonic()
+                    last_sent = now
         finally:
             if self.registered.is_set():
                 dealer.send(p.Goodbye(self.ready.worker_id))
