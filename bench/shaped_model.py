@@ -64,14 +64,13 @@ def write_shaped_model(shape: Shape, path: Path, like: Path | None = None, seed:
     import gguf
 
     from common.model_files import default_model_path
+    from common.tokenizer import GgufMeta
 
-    source = gguf.GGUFReader(like or default_model_path())
-    tokens = [bytes(source.fields["tokenizer.ggml.tokens"].parts[i]).decode()
-              for i in source.fields["tokenizer.ggml.tokens"].data]  # fmt: skip
+    source = GgufMeta(gguf.GGUFReader(like or default_model_path()))
+    tokens: list[str] = source.get("tokenizer.ggml.tokens")
     if len(tokens) > shape.vocab:
         raise ValueError(f"the tokenizer has {len(tokens)} tokens, more than {shape.vocab}")
-    types = [int(source.fields["tokenizer.ggml.token_type"].parts[i][0])
-             for i in source.fields["tokenizer.ggml.token_type"].data]  # fmt: skip
+    types: list[int] = source.get("tokenizer.ggml.token_type")
     pad = shape.vocab - len(tokens)
     tokens += [f"<|tandem_unused_{i}|>" for i in range(pad)]
     types += [UNUSED_TOKEN] * pad
@@ -89,17 +88,16 @@ def write_shaped_model(shape: Shape, path: Path, like: Path | None = None, seed:
     w.add_rope_dimension_count(shape.hidden // shape.heads)
     w.add_vocab_size(shape.vocab)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
-    w.add_tokenizer_model(_field_str(source, "tokenizer.ggml.model"))
-    w.add_tokenizer_pre(_field_str(source, "tokenizer.ggml.pre"))
+    w.add_tokenizer_model(source.get("tokenizer.ggml.model"))
+    w.add_tokenizer_pre(source.get("tokenizer.ggml.pre"))
     w.add_token_list(tokens)
     w.add_token_types(types)
-    merges = source.fields["tokenizer.ggml.merges"]
-    w.add_token_merges([bytes(merges.parts[i]).decode() for i in merges.data])
+    w.add_token_merges(source.get("tokenizer.ggml.merges"))
     for key, add in (("bos", w.add_bos_token_id), ("eos", w.add_eos_token_id),
                      ("unknown", w.add_unk_token_id), ("padding", w.add_pad_token_id)):  # fmt: skip
-        field = source.fields.get(f"tokenizer.ggml.{key}_token_id")
-        if field is not None:
-            add(int(field.parts[field.data[0]][0]))
+        token_id = source.get(f"tokenizer.ggml.{key}_token_id")
+        if token_id is not None:
+            add(int(token_id))
     w.add_add_bos_token(False)
 
     rng = np.random.default_rng(seed)
@@ -130,11 +128,6 @@ def write_shaped_model(shape: Shape, path: Path, like: Path | None = None, seed:
     w.write_tensors_to_file()
     w.close()
     return path
-
-
-def _field_str(reader: object, key: str) -> str:
-    field = reader.fields[key]  # type: ignore[attr-defined]
-    return bytes(field.parts[field.data[0]]).decode()
 
 
 def main() -> None:

@@ -142,7 +142,7 @@ def _spec_from_disk_or_gguf(path: str, size: int, mtime_ns: int) -> TokenizerSpe
 def _spec_from_gguf_cached(path: str, mtime_ns: int) -> TokenizerSpec:
     from gguf import GGUFReader  # heavy import, only needed here
 
-    meta = _GgufMeta(GGUFReader(path))
+    meta = GgufMeta(GGUFReader(path))
     model = meta.get("tokenizer.ggml.model")
     if model != "gpt2":
         raise ValueError(f"{path}: tokenizer model {model!r} is not supported (only 'gpt2' BPE)")
@@ -166,7 +166,7 @@ def _spec_from_gguf_cached(path: str, mtime_ns: int) -> TokenizerSpec:
     )
 
 
-class _GgufMeta:
+class GgufMeta:
     """Typed access to GGUF key/values through the `gguf` reader's raw parts."""
 
     def __init__(self, reader: Any) -> None:
