@@ -166,10 +166,10 @@ def profile(
     """Measure a worker's backend in isolation (no router) and store its rates."""
     from workers.engine import EngineConfig
     from workers.main import WorkerConfig, build_backend
-    from workers.profiler import decode_kv, profile_backend
+    from workers.profiler import kv_cells_needed, profile_backend
     from workers.profiles import save_profile
 
-    context = prompt_tokens if decode_context is None else decode_context
+    need = kv_cells_needed(max_active, prompt_tokens, decode_tokens, decode_context)
     try:
         engine = EngineConfig(max_active=max_active, step_tokens=step_tokens)
         cfg = WorkerConfig(
@@ -179,7 +179,7 @@ def profile(
             None,
             device,
             threads,
-            n_ctx or max(4096, max_active * decode_kv(context, decode_tokens), prompt_tokens + 1),
+            n_ctx or max(4096, need),
             engine,
             profile=profile_file,
         )
@@ -187,7 +187,7 @@ def profile(
         click.echo(f"profiling {be.name} on {be.device} ({be.model_name})...", err=True)
         _warn_if_busy(threads if backend == "llama.cpp" else 1)
         result = profile_backend(
-            be, max_active, prompt_tokens, decode_tokens, repeats, step_tokens, 0, context
+            be, max_active, prompt_tokens, decode_tokens, repeats, step_tokens, 0, decode_context
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -152,9 +152,14 @@ def warm_up(backend: Backend, max_active: int, step_tokens: int, decode_tokens: 
     return time.perf_counter() - t0
 
 
-def decode_kv(context: int, decode_tokens: int) -> int:
-    """KV cells one decode-measurement request holds at its end."""
-    return context + decode_tokens + 1 + SKIP_STEPS
+def kv_cells_needed(
+    max_active: int, prompt_tokens: int, decode_tokens: int, decode_context: int | None = None
+) -> int:
+    """KV cells ``profile_backend`` needs: the prefill prompt, or ``max_active`` decode
+    requests at their end (context + every token they produce), whichever is more."""
+    context = prompt_tokens if decode_context is None else decode_context
+    per_request = context + decode_tokens + 1 + SKIP_STEPS  # see measure_decode's n_out
+    return max(prompt_tokens + 1, max_active * per_request)
 
 
 def profile_backend(
@@ -173,7 +178,7 @@ def profile_backend(
         raise ValueError(
             "need max_active, prompt_tokens, decode_context, repeats >= 1 and decode_tokens >= 2"
         )
-    need = max(prompt_tokens + 1, max_active * decode_kv(context, decode_tokens))
+    need = kv_cells_needed(max_active, prompt_tokens, decode_tokens, decode_context)
     if need > backend.n_ctx:
         raise ValueError(f"profiling needs {need} KV cells; n_ctx is {backend.n_ctx}")
     rng = random.Random(seed)
