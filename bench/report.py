@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Any
 
 from bench.plots import slug
+from bench.spec import parse_worker
 from bench.stats import summarize_runs
 
 _PHASE = "phase_cost"
@@ -140,11 +141,10 @@ def rates_table(group: dict[str, Any]) -> list[str]:
 
 def _active(cfg: dict[str, Any], group: dict[str, Any]) -> str:
     """Each worker's max active in ``group``: its spec's own value, else the group's."""
-    out = []
-    for w in cfg["workers"]:
-        own = [i.split("=", 1)[1] for i in w["spec"].split(":") if i.startswith("max_active=")]
-        out.append(f"{w['id']} {own[0] if own else group['max_active']}")
-    return ", ".join(out)
+    return ", ".join(
+        f"{w['id']} {parse_worker(w['spec'], set()).max_active or group['max_active']}"
+        for w in cfg["workers"]
+    )
 
 
 def _rate_source(group: dict[str, Any]) -> str:
