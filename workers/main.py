@@ -96,7 +96,8 @@ def rates(cfg: WorkerConfig, backend: Backend) -> tuple[float, list[float]]:
         log.warning(
             "no stored profile for %s on %s (%s): advertising rough default rates. Routing "
             "between unlike workers prices this one wrongly until `tandem profile --backend "
-            "%s --device %s` has run here (or the router runs with --calibrate).",
+            "%s --device %s` has run here (the router's calibration can only correct it as "
+            "requests are served).",
             backend.name, backend.device, backend.model_name, backend.name, cfg.device,
         )  # fmt: skip
     prefill = cfg.prefill_tok_s or (stored[0] if stored else DEFAULT_PREFILL_TOK_S)
