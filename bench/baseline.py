@@ -19,10 +19,10 @@ from pathlib import Path
 import click
 import numpy as np
 
-from client import AsyncClient
-from client.cluster import Cluster, WorkerSpec
-from common.model_files import default_model_path
-from common.tokenizer import TextTokenizer, tokenizer_spec_from_gguf
+from tandem.client import AsyncClient
+from tandem.common.model_files import default_model_path
+from tandem.common.tokenizer import TextTokenizer, tokenizer_spec_from_gguf
+from tandem.launcher.cluster import Cluster, WorkerSpec
 
 PREFIX = " ".join(
     f"Record {i}: sensor {i % 7} read {i * 13 % 97} units at noon." for i in range(36)
@@ -74,9 +74,9 @@ def engine_decode_tok_s(
     model: str, threads: int, batch: int, n_out: int, prompt: list[int]
 ) -> float:
     """The worker's engine + llama.cpp backend in this process: no sockets, no router."""
-    from workers.engine import Engine, EngineConfig
-    from workers.llama_backend import LlamaBackend
-    from workers.request import Request
+    from tandem.workers.backends.llama import LlamaBackend
+    from tandem.workers.engine import Engine, EngineConfig
+    from tandem.workers.request import Request
 
     backend = LlamaBackend(model, n_ctx=8192, threads=threads, max_active=4)
     try:

@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from bench.driver import RequestRecord, pinned_batch
-from bench.oracle import WorkerRates
+from tandem.bench.driver import RequestRecord, pinned_batch
+from tandem.bench.oracle import WorkerRates
 
 
 def decode_rate(records: list[RequestRecord]) -> float:

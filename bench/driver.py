@@ -14,10 +14,10 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.workload import Arrival, PromptBook
-from client.aio import AsyncClient
-from client.errors import TandemError
-from client.session import Assembly
+from tandem.bench.workload import Arrival, PromptBook
+from tandem.client.aio import AsyncClient
+from tandem.client.errors import TandemError
+from tandem.client.session import Assembly
 
 LEAD_S = 0.2  # first arrival this long after scheduling, so every task is waiting by then
 

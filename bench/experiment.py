@@ -21,15 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import stats
-from bench.calibrate import advertised_rates, measure_rates, to_worker_rates
-from bench.driver import run_arrivals, seed_workers
-from bench.oracle import Job, oracle_bound
-from bench.records import decisions_json, record_json
-from bench.spec import WorkerArg
-from bench.workload import Arrival, PromptBook, Workload
-from broker.decisions import read_decisions
-from client.cluster import Cluster, WorkerSpec
+from tandem.bench import stats
+from tandem.bench.calibrate import advertised_rates, measure_rates, to_worker_rates
+from tandem.bench.driver import run_arrivals, seed_workers
+from tandem.bench.oracle import Job, oracle_bound
+from tandem.bench.records import decisions_json, record_json
+from tandem.bench.spec import WorkerArg
+from tandem.bench.workload import Arrival, PromptBook, Workload
+from tandem.broker.decisions import read_decisions
+from tandem.launcher.cluster import Cluster, WorkerSpec
 
 RATE_SOURCES = ("measured", "advertised")
 # A simulated CPU's prefill step lasts up to 3.5 s (256 tokens at 73 tok/s); the

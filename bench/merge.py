@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from bench import stats
+from tandem.bench import stats
 
 
 def merge_results(docs: list[dict[str, Any]], policies: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import click
 
-from client import AsyncClient
-from client.cluster import Cluster, WorkerSpec
-from common.model_files import default_model_path
+from tandem.client import AsyncClient
+from tandem.common.model_files import default_model_path
+from tandem.launcher.cluster import Cluster, WorkerSpec
 
 
 def raw_mlx(
@@ -30,7 +30,7 @@ def raw_mlx(
     import mlx.core as mx
     from mlx_lm.generate import BatchGenerator
 
-    from workers.mlx_model import load_mlx_model
+    from tandem.workers.backends.mlx.model import load_mlx_model
 
     mx.set_default_device(mx.gpu if device == "gpu" else mx.cpu)
     model, _spec, _cfg = load_mlx_model(model_path)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from bench.driver import RequestRecord
-from bench.stats import percentile
+from tandem.bench.driver import RequestRecord
+from tandem.bench.stats import percentile
 
 _STAT_KEYS = ("prompt_tokens", "cached_tokens", "queue_s", "prefill_s", "decode_s", "ttft_s")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from bench.plots import slug
-from bench.spec import parse_worker
-from bench.stats import summarize_runs
+from tandem.bench.plots import slug
+from tandem.bench.spec import parse_worker
+from tandem.bench.stats import summarize_runs
 
 _PHASE = "phase_cost"
 

@@ -15,17 +15,17 @@ from typing import Any
 
 from tqdm import tqdm
 
-from bench import stats
-from bench.experiment import Bench, BenchConfig, resolve_policy
-from bench.workload import Workload
-from client.errors import TandemError
+from tandem.bench import stats
+from tandem.bench.experiment import Bench, BenchConfig, resolve_policy
+from tandem.bench.workload import Workload
+from tandem.client.errors import TandemError
 
 
 def make_encoder(cfg: BenchConfig) -> Any:
     """Tokenize prompts with the model the workers serve: the first spec's GGUF, else the
     embedded default (what every worker loads when no model is named)."""
-    from common.model_files import default_model_path
-    from common.tokenizer import TextTokenizer, tokenizer_spec_from_gguf
+    from tandem.common.model_files import default_model_path
+    from tandem.common.tokenizer import TextTokenizer, tokenizer_spec_from_gguf
 
     gguf = next((w.model for w in cfg.workers if w.model and w.model.endswith(".gguf")), None)
     return TextTokenizer(tokenizer_spec_from_gguf(gguf or default_model_path())).encode
@@ -144,8 +144,8 @@ def _run_group(bench: Bench, wl: Workload, max_active: int, bar: tqdm, out_dir: 
 
 def write_outputs(doc: dict[str, Any], out_dir: Path) -> list[Path]:
     """report.md and the PNG plots, from the result document alone."""
-    from bench.plots import make_plots
-    from bench.report import render_report
+    from tandem.bench.plots import make_plots
+    from tandem.bench.report import render_report
 
     plots = make_plots(doc, out_dir)
     report = out_dir / "report.md"

@@ -63,8 +63,8 @@ def write_shaped_model(shape: Shape, path: Path, like: Path | None = None, seed:
     """Write ``path``: ``shape`` with random weights and ``like``'s tokenizer, padded."""
     import gguf
 
-    from common.model_files import default_model_path
-    from common.tokenizer import GgufMeta
+    from tandem.common.model_files import default_model_path
+    from tandem.common.tokenizer import GgufMeta
 
     source = GgufMeta(gguf.GGUFReader(like or default_model_path()))
     tokens: list[str] = source.get("tokenizer.ggml.tokens")

@@ -6,8 +6,8 @@ profile for ``sim``, the model for ``llama.cpp`` and ``mlx``. ``id=NAME`` names
 the worker. Items are separated by ``:`` so that values may hold commas
 (``decode_tok_s=45,58,68``). Examples::
 
-    llama.cpp:threads=8          mlx:device=gpu          sim:deploy/profiles/gpu-m2.json
-    sim:deploy/profiles/gpu-m2.json:id=gpu:decode_tok_s=293,533,720,902
+    llama.cpp:threads=8          mlx:device=gpu          sim:gpu-m2
+    sim:gpu-m2:id=gpu:decode_tok_s=293,533,720,902
 
 Nothing here knows which backends exist beyond their main-file flag, so the same
 bench command runs on a laptop (sim + llama.cpp) and on a GPU box (mlx) unchanged.
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from client.cluster import WorkerSpec
+from tandem.launcher.cluster import WorkerSpec
 
 _MAIN_FILE_FLAG = {"sim": "--profile", "llama.cpp": "--model", "mlx": "--model"}
 # Flags the bench sets itself per case; a spec may still give them (see WorkerArg).

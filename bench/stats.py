@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from bench.driver import RequestRecord
+from tandem.bench.driver import RequestRecord
 
 # The figures the CV rule watches: if any varies by more than CV_LIMIT over the
 # runs of a case, EXTRA_RUNS more runs are added (once; runs are never dropped).

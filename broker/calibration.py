@@ -34,7 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.policy import Load, RouteRequest, WorkerView
+from tandem.broker.policies import Load, RouteRequest, WorkerView
 
 DECODE_ESTIMATES = ("budget", "ratio")
 ALPHA = 0.3  # EWMA weight of a new measurement: a few requests move the factor

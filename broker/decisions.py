@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from broker.policy import Decision, RouteRequest, WorkerView
-from broker.scoring import phase_terms
+from tandem.broker.policies import Decision, RouteRequest, WorkerView
+from tandem.broker.policies.cost import phase_terms
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import threading
 
 import zmq
 
-from broker.router import Router, RouterConfig
+from tandem.broker.router import Router, RouterConfig
 
 log = logging.getLogger(__name__)
 

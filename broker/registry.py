@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.calibration import PROGRESS_EVERY, PROGRESS_FIRST
-from broker.policy import Load, WorkerView
-from common import protocol as p
-from common.blocks import CacheView, block_hashes, matched_tokens
-from common.tokenizer import TokenizerSpec
+from tandem.broker.calibration import PROGRESS_EVERY, PROGRESS_FIRST
+from tandem.broker.policies import Load, WorkerView
+from tandem.common import protocol as p
+from tandem.common.blocks import CacheView, block_hashes, matched_tokens
+from tandem.common.tokenizer import TokenizerSpec
 
 
 @dataclass

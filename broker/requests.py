@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from common import protocol as p
-from common.tokenizer import TextTokenizer
+from tandem.common import protocol as p
+from tandem.common.tokenizer import TextTokenizer
 
 MAX_STOP_STRINGS = 16
 MAX_REROUTES = 2  # a request that killed two workers is not sent to a third

@@ -16,15 +16,15 @@ from typing import Any
 
 import zmq
 
-from broker.calibration import DECODE_ESTIMATES, Calibration
-from broker.decisions import DecisionLog, decision_record
-from broker.policy import NoCandidate, parse_policy
-from broker.registry import Routed, WorkerState, ready_problem
-from broker.requests import ClientRequest, prompt_tokens, validate_submit
-from common import protocol as p
-from common.settings import Addresses
-from common.tokenizer import TextTokenizer, TokenizerSpec
-from common.transport import RouterSocket
+from tandem.broker.calibration import DECODE_ESTIMATES, Calibration
+from tandem.broker.decisions import DecisionLog, decision_record
+from tandem.broker.policies import NoCandidate, parse_policy
+from tandem.broker.registry import Routed, WorkerState, ready_problem
+from tandem.broker.requests import ClientRequest, prompt_tokens, validate_submit
+from tandem.common import protocol as p
+from tandem.common.settings import Addresses
+from tandem.common.tokenizer import TextTokenizer, TokenizerSpec
+from tandem.common.transport import RouterSocket
 
 log = logging.getLogger(__name__)
 

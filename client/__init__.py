@@ -1,7 +1,7 @@
 """tandem's client library: ``Client`` (blocking) and ``AsyncClient`` (asyncio)."""
 
-from client.aio import AsyncClient
-from client.errors import (
+from tandem.client.aio import AsyncClient
+from tandem.client.errors import (
     BadRequest,
     NoWorkers,
     Overloaded,
@@ -11,8 +11,8 @@ from client.errors import (
     VersionMismatch,
     WorkerLost,
 )
-from client.session import Delta, Result
-from client.sync import Client
+from tandem.client.session import Delta, Result
+from tandem.client.sync import Client
 
 __all__ = [
     "AsyncClient",

@@ -9,10 +9,10 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from client.errors import RequestTimeout, TandemError, from_error
-from client.session import Assembly, Delta, Result, make_submit, request_id_of
-from common import protocol as p
-from common.settings import addresses
+from tandem.client.errors import RequestTimeout, TandemError, from_error
+from tandem.client.session import Assembly, Delta, Result, make_submit, request_id_of
+from tandem.common import protocol as p
+from tandem.common.settings import addresses
 
 
 class AsyncClient:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common import protocol as p
+from tandem.common import protocol as p
 
 
 class TandemError(Exception):

@@ -6,8 +6,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from client.errors import TandemError, from_error
-from common import protocol as p
+from tandem.client.errors import TandemError, from_error
+from tandem.common import protocol as p
 
 
 @dataclass

@@ -7,11 +7,11 @@ from collections import defaultdict, deque
 from collections.abc import Iterator
 from typing import Any
 
-from client.errors import RequestTimeout, TandemError, from_error
-from client.session import Assembly, Delta, Result, make_submit, request_id_of
-from common import protocol as p
-from common.settings import addresses
-from common.transport import DealerSocket
+from tandem.client.errors import RequestTimeout, TandemError, from_error
+from tandem.client.session import Assembly, Delta, Result, make_submit, request_id_of
+from tandem.common import protocol as p
+from tandem.common.settings import addresses
+from tandem.common.transport import DealerSocket
 
 
 class Client:

@@ -119,7 +119,7 @@ def tokenizer_spec_from_gguf(path: str | Path) -> TokenizerSpec:
 
 @functools.lru_cache(maxsize=8)
 def _spec_from_disk_or_gguf(path: str, size: int, mtime_ns: int) -> TokenizerSpec:
-    from common.model_files import cache_root
+    from tandem.common.model_files import cache_root
 
     digest = hashlib.blake2b(f"{path}|{size}|{mtime_ns}".encode(), digest_size=8).hexdigest()
     cached = cache_root() / "tokenizers" / f"{Path(path).stem}-{digest}.json"
@@ -308,3 +308,47 @@ def _compile_template(source: str | None) -> jinja2.Template | None:
         return env.from_string(source)
     except jinja2.TemplateError as e:
         raise ValueError(f"chat template does not compile: {e}") from e
+
+
+# ------------------------------------------------------------ token pieces
+def _gpt2_byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet: the character that stands for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+def piece_table(spec: TokenizerSpec, vocab_size: int | None = None) -> list[bytes]:
+    """The bytes of every token id, as llama.cpp renders them without special tokens:
+    byte-level BPE text decoded to raw bytes (possibly a partial UTF-8 character),
+    control tokens empty, user-defined added tokens as their text. ``vocab_size``
+    defaults to one past the highest id the tokenizer names."""
+    doc = json.loads(spec.tokenizer_json)
+    vocab = doc.get("model", {}).get("vocab")
+    if not isinstance(vocab, dict):
+        raise ValueError("token pieces need a BPE tokenizer (a vocab dict)")
+    if vocab_size is None:
+        ids = [*vocab.values(), *(int(t["id"]) for t in doc.get("added_tokens", []))]
+        vocab_size = max(ids, default=-1) + 1
+    byte_level = "ByteLevel" in json.dumps(doc.get("decoder"))
+    byte_of = _gpt2_byte_decoder()
+    table = [b""] * vocab_size
+    for text, i in vocab.items():
+        if i >= vocab_size or text == f"[EMPTY_{i}]":
+            continue
+        if byte_level and all(c in byte_of for c in text):
+            table[i] = bytes(byte_of[c] for c in text)
+        elif not byte_level and len(text) == 6 and text.startswith("<0x") and text[-1] == ">":
+            table[i] = bytes([int(text[3:5], 16)])  # SentencePiece byte fallback
+        else:
+            table[i] = text.replace("\u2581", " ").encode() if not byte_level else text.encode()
+    for t in doc.get("added_tokens", []):
+        if t["id"] < vocab_size:
+            table[t["id"]] = b"" if t.get("special") else t["content"].encode()
+    return table

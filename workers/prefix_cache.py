@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.blocks import CacheLog, block_hashes
+from tandem.common.blocks import CacheLog, block_hashes
 
 
 @dataclass

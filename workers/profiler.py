@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from common import protocol as p
-from workers.engine import Backend, Engine, EngineConfig
-from workers.request import Request, Status
+from tandem.common import protocol as p
+from tandem.workers.engine import Backend, Engine, EngineConfig
+from tandem.workers.request import Request, Status
 
 _FIRST_PROMPT_ID = 256  # random prompts avoid control tokens
 WARM_PROMPT_TOKENS = 16

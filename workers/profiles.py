@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from common.model_files import cache_root
+from tandem.common.model_files import cache_root
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.protocol import Assign
+from tandem.common.protocol import Assign
 
 
 class Status(enum.Enum):

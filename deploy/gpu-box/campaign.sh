@@ -41,7 +41,7 @@ stage() {  # stage NAME CAP_S CMD...: run CMD for at most CAP_S (and what is lef
 }
 
 profile_gpu() {  # profile_gpu NAME [--no-save]
-  stage "$1" 240 $PY -m client profile --backend mlx --device gpu --max-active 16 --json "${@:2}"
+  stage "$1" 240 $PY -m tandem profile --backend mlx --device gpu --max-active 16 --json "${@:2}"
 }
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -54,7 +54,7 @@ for s in "$@"; do
     mlx) stage mlx-vs-raw 300 $PY -m bench.mlx_compare --device gpu --batches 1,2,4,8,16 \
            --n-out 128 --repeats 3 --out "$out/mlx-vs-raw.md" ;;
     profile)
-      stage profile-cpu 60 $PY -m client profile --backend llama.cpp --threads 12 --json
+      stage profile-cpu 60 $PY -m tandem profile --backend llama.cpp --threads 12 --json
       profile_gpu profile-gpu ;;
     knobs)  # MLX's CUDA graphs on (its default) or off: decode shapes change every step
       MLX_USE_CUDA_GRAPHS=0 profile_gpu profile-gpu-graphs0 --no-save
@@ -67,27 +67,27 @@ for s in "$@"; do
       cat "$out/knobs.txt" ;;
     seed8|seed48)
       runs_var="RUNS${s#seed}"
-      stage "$s" 480 $PY -m client bench --preset seed --worker "$CPU" --worker "$GPU" \
+      stage "$s" 480 $PY -m tandem bench --preset seed --worker "$CPU" --worker "$GPU" \
            "${ALL_POLICIES[@]}" --requests "${s#seed}" --runs "${!runs_var:-3}" --no-progress \
            --out "$out/$s" ;;
-    sweep) stage sweep 360 $PY -m client bench --preset seed --worker "$CPU:max_active=4" \
+    sweep) stage sweep 360 $PY -m tandem bench --preset seed --worker "$CPU:max_active=4" \
            --worker "$GPU" --policy forced:gpu --policy phase_cost --requests 48 \
            --sweep-max-active "${SWEEP:-1,2,4,8,16}" --runs 1 --rates advertised --no-progress \
            --out "$out/sweep" ;;
-    poisson) stage poisson 200 $PY -m client bench --worker "$CPU" --worker "$GPU" \
+    poisson) stage poisson 200 $PY -m tandem bench --worker "$CPU" --worker "$GPU" \
            "${TRAFFIC_POLICIES[@]}" --workload poisson --rate 6 --duration-s 15 --runs 1 \
            --hit-mix 1.0 --rates advertised --no-progress --out "$out/poisson" ;;
-    onoff) stage onoff 200 $PY -m client bench --worker "$CPU" --worker "$GPU" \
+    onoff) stage onoff 200 $PY -m tandem bench --worker "$CPU" --worker "$GPU" \
            "${TRAFFIC_POLICIES[@]}" --workload onoff --bursts 3 --requests 16 --gap-s 4 \
            --runs 1 --rates advertised --no-progress --out "$out/onoff" ;;
     qwen)  # the article's model shape, random weights (bench/shaped_model.py): timing only
       q="$TANDEM_CACHE_DIR/qwen2.5-0.5b-shaped.gguf"
       [ -f "$q" ] || stage qwen-model 120 $PY -m bench.shaped_model qwen2.5-0.5b "$q"
-      stage qwen-profile-cpu 120 $PY -m client profile --backend llama.cpp --model "$q" --threads 12 --json
-      stage qwen-profile-gpu 240 $PY -m client profile --backend mlx --model "$q" --device gpu \
+      stage qwen-profile-cpu 120 $PY -m tandem profile --backend llama.cpp --model "$q" --threads 12 --json
+      stage qwen-profile-gpu 240 $PY -m tandem profile --backend mlx --model "$q" --device gpu \
            --max-active 16 --json
       for n in 8 48; do
-        stage "qwen-seed$n" 300 $PY -m client bench --preset seed \
+        stage "qwen-seed$n" 300 $PY -m tandem bench --preset seed \
            --worker "llama.cpp:$q:threads=12:id=cpu" --worker "mlx:$q:device=gpu:id=gpu" \
            --policy forced:gpu --policy forced:cpu --policy phase_cost --requests "$n" \
            --runs "${RUNSQ:-1}" --no-progress --out "$out/qwen-seed$n"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU box, from the repository root: install the staged wheels once (into
 # /tmp/site, no index), point tandem at the staged model, then run "$@".
-#   bash deploy/gpu-box/run.sh python3 -m client profile --backend mlx --device gpu
+#   bash deploy/gpu-box/run.sh python3 -m tandem profile --backend mlx --device gpu
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 parts=${TANDEM_PARTS:-/root/parts}

@@ -1,0 +1,50 @@
+"""Routing policies: views of workers (``views``), one module per family
+(``simple``: no device model; ``cost``: token and time pricing), and the registry
+that builds a policy from its name."""
+
+from __future__ import annotations
+
+from tandem.broker.policies.cost import CacheAware, LeastTokens, PhaseCost
+from tandem.broker.policies.simple import Forced, LeastLoaded, RoundRobin
+from tandem.broker.policies.views import (
+    Decision,
+    Load,
+    NoCandidate,
+    Policy,
+    RouteRequest,
+    WorkerView,
+    tie_break,
+)
+
+POLICIES: dict[str, type] = {
+    p.name: p for p in (PhaseCost, LeastTokens, CacheAware, LeastLoaded, RoundRobin)
+}
+
+
+def parse_policy(spec: str) -> Policy:
+    """A policy by name (see POLICIES), or ``forced:<worker id or device label>``."""
+    if spec.startswith("forced:"):
+        return Forced(spec.split(":", 1)[1])
+    if spec not in POLICIES:
+        raise ValueError(f"unknown policy {spec!r}; choose from {sorted(POLICIES)} or forced:<sel>")
+    policy: Policy = POLICIES[spec]()
+    return policy
+
+
+__all__ = [
+    "POLICIES",
+    "CacheAware",
+    "LeastTokens",
+    "PhaseCost",
+    "Decision",
+    "Forced",
+    "LeastLoaded",
+    "RoundRobin",
+    "Load",
+    "NoCandidate",
+    "Policy",
+    "RouteRequest",
+    "WorkerView",
+    "parse_policy",
+    "tie_break",
+]

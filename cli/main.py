@@ -1,0 +1,25 @@
+"""The ``tandem`` command group. Each command lives in the module of its group and
+is registered here; progress and tables go to stderr, ``--json`` to stdout."""
+
+from __future__ import annotations
+
+import click
+
+from tandem.cli.bench import bench
+from tandem.cli.options import setup_logging
+from tandem.cli.profile import profile
+from tandem.cli.route import decisions, route
+from tandem.cli.serve import router, worker
+from tandem.cli.use import generate, status
+from tandem.common.settings import env_str
+
+
+@click.group()
+@click.option("--log-level", default=lambda: env_str("LOG_LEVEL", "info"), show_default="info")
+def main(log_level: str) -> None:
+    """tandem: one model served from CPU and GPU workers behind one router."""
+    setup_logging(log_level)
+
+
+for command in (router, worker, generate, status, profile, route, decisions, bench):
+    main.add_command(command)

@@ -1,0 +1,119 @@
+"""``tandem route explain`` and ``tandem decisions``: routing decisions, offline.
+
+As in the rest of the CLI, tables go to stderr and ``--json`` prints one JSON
+document on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import click
+
+from tandem.cli.tables import render
+
+
+# ------------------------------------------------------------ route explain
+@click.group()
+def route() -> None:
+    """Inspect routing decisions without running any process."""
+
+
+@route.command()
+@click.argument("state_file", type=click.File("r"))
+@click.option(
+    "--policy",
+    default="phase_cost",
+    show_default=True,
+    help="phase_cost | least_tokens | cache_aware | least_loaded | round_robin | forced:SEL",
+)
+@click.option("--json", "as_json", is_flag=True, help='Print {"choice": ID, "scores": {...}}.')
+def explain(state_file: Any, policy: str, as_json: bool) -> None:
+    """Score the request and workers of STATE_FILE (JSON) as the router would.
+
+    STATE_FILE: {"request": {"prompt_tokens", "max_tokens"}, "workers": [{"id",
+    "prefill_rate", "decode_rate" (tok/s, or a list by batch size), "cached_tokens",
+    "active": [{"prefill_remaining", "decode_remaining"}], "queued": [...]}]}.
+    """
+    from tandem.broker.policies import NoCandidate, parse_policy
+    from tandem.broker.policies.cost import phase_terms
+    from tandem.broker.policies.state import state_from_json
+
+    try:
+        state = json.load(state_file)
+        req, views = state_from_json(state)
+        chooser = parse_policy(policy)
+        decision = chooser.choose(req, views)  # the router's live path calls the same
+    except (json.JSONDecodeError, ValueError, NoCandidate) as exc:
+        raise click.UsageError(f"{state_file.name}: {exc}") from None
+    if as_json:
+        click.echo(json.dumps({"choice": decision.worker_id, "scores": decision.scores}))
+        return
+    rows = []
+    for v in views:
+        t = phase_terms(req, v)
+        mark = "*" if v.id == decision.worker_id else ""
+        rows.append(
+            [mark + v.id, len(v.active), len(v.queued), v.cached_tokens, t.prefill_tokens]
+            + [t.decode_tokens, t.prefill_rate, t.decode_rate]
+            + [t.prefill_tokens / t.prefill_rate, t.decode_tokens / t.decode_rate]
+            + [decision.scores.get(v.id, "-")]
+        )
+    headers = ["worker", "active", "queued", "cached", "P", "D", "prefill/s", "decode/s"]
+    headers += ["P/rate s", "D/rate s", "score"]
+    head = (
+        f"request: {req.prompt_tokens} prompt tokens, max_tokens {req.max_tokens}; "
+        f"policy {chooser.name}; choice {decision.worker_id} (*)"
+    )
+    click.echo(head + "\n" + render(headers, rows), err=True)
+
+
+# ------------------------------------------------------------ decisions
+@click.command()
+@click.argument("log_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--request", "request_id", default=None, help="Only this request's decisions.")
+@click.option("--tail", type=int, default=None, help="Only the last N decisions.")
+def decisions(log_file: str, request_id: str | None, tail: int | None) -> None:
+    """Print a router's decision log (--decision-log) as a table, one row per candidate."""
+    from tandem.broker.decisions import read_decisions
+
+    records = [r for r in read_decisions(log_file) if request_id in (None, r.get("request"))]
+    if tail is not None:
+        records = records[-tail:] if tail > 0 else []
+    if not records:
+        click.echo("(no decisions)", err=True)
+        return
+    click.echo(decisions_table(records), err=True)
+
+
+def decisions_table(records: list[dict[str, Any]]) -> str:
+    """One row per candidate; the chosen one is marked ``*``; time is relative to the first."""
+    t0 = float(records[0].get("time", 0.0))
+    first = datetime.fromtimestamp(t0).isoformat(sep=" ", timespec="milliseconds")
+    rows = []
+    for r in records:
+        lead = [
+            f"+{float(r.get('time', t0)) - t0:.3f}",
+            r.get("request", "?"),
+            r.get("policy", "?"),
+            f"{r.get('prompt_tokens', '?')}/{r.get('max_tokens', '?')}",
+        ]
+        for c in r["candidates"]:
+            mark = "*" if c.get("id") == r.get("choice") else ""
+            rows.append(
+                lead
+                + [
+                    mark + str(c.get("id")),
+                    c.get("active"),
+                    c.get("queued"),
+                    c.get("cached_tokens"),
+                ]
+                + [c.get("P"), c.get("D"), c.get("prefill_rate"), c.get("decode_rate")]
+                + ["-" if c.get("score") is None else c.get("score")]
+            )
+            lead = ["", "", "", ""]  # the decision's own columns only on its first row
+    headers = ["time_s", "request", "policy", "prompt/max", "worker", "act", "que", "cached"]
+    headers += ["P", "D", "prefill/s", "decode/s", "score"]
+    return f"{len(records)} decision(s) from {first}; * = choice\n" + render(headers, rows)

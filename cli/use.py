@@ -1,0 +1,117 @@
+"""``tandem generate`` and ``tandem status``: the router's clients on the command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from tandem.cli.options import client_addr
+
+
+@click.command()
+@click.argument("prompt")
+@client_addr
+@click.option("--max-tokens", type=int, default=128, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--top-k", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=None)
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--ignore-eos", is_flag=True)
+@click.option(
+    "--chat/--raw",
+    default=True,
+    show_default=True,
+    help="Wrap the prompt in the model's chat template, or send it as is.",
+)
+@click.option("--worker", "worker_sel", default=None, help="Pin to a worker id or device label.")
+@click.option("--stream", is_flag=True, help="Print tokens as they arrive.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@click.option("--timeout-s", type=float, default=300.0, show_default=True)
+def generate(
+    prompt: str,
+    router_addr: str,
+    max_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    seed: int | None,
+    stop: tuple[str, ...],
+    ignore_eos: bool,
+    chat: bool,
+    worker_sel: str | None,
+    stream: bool,
+    as_json: bool,
+    timeout_s: float,
+) -> None:
+    """Generate a completion for PROMPT."""
+    from tandem.client import Client, TandemError
+
+    text_arg = {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
+    options = dict(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        stop=list(stop),
+        ignore_eos=ignore_eos,
+        worker=worker_sel,
+    )
+    try:
+        with Client(router_addr, timeout_s=timeout_s) as c:
+            s = c.stream(**text_arg, **options)
+            for delta in s:
+                if stream and not as_json:
+                    click.echo(delta.text, nl=False)
+            result = s.result
+    except TandemError as exc:
+        click.echo(f"error ({exc.code}): {exc.message}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(result.to_json()))
+        return
+    click.echo("" if stream else result.text)
+    st = result.stats
+    click.echo(
+        f"[{result.finish_reason}] worker {result.worker}: {st.get('prompt_tokens')} prompt "
+        f"({st.get('cached_tokens')} cached), {st.get('output_tokens')} output tokens, "
+        f"TTFT {_fmt_s(st.get('ttft_s'))}, total {_fmt_s(st.get('e2e_s'))}",
+        err=True,
+    )
+
+
+@click.command()
+@client_addr
+@click.option("--json", "as_json", is_flag=True)
+def status(router_addr: str, as_json: bool) -> None:
+    """Show the router's workers and their load."""
+    from tandem.client import Client, TandemError
+
+    try:
+        with Client(router_addr, connect_timeout_s=3.0, retries=1) as c:
+            reply = c.status()
+    except TandemError as exc:
+        click.echo(f"error ({exc.code}): {exc.message}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "policy": reply.policy,
+                    "workers": reply.workers,
+                    "requests_in_flight": reply.requests_in_flight,
+                    "requests_pending": reply.requests_pending,
+                }
+            )
+        )
+        return
+    from tandem.cli.tables import workers_table
+
+    click.echo(workers_table(reply), err=True)
+
+
+def _fmt_s(v: object) -> str:
+    return f"{v:.3f}s" if isinstance(v, int | float) else "-"

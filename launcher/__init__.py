@@ -1,0 +1,1 @@
+"""Starting a whole cluster (router + workers) as real processes, for tests and benchmarks."""

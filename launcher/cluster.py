@@ -1,0 +1,142 @@
+"""Start a whole tandem cluster (router + workers) as real processes, and stop it.
+
+Used by the tests and by ``tandem bench``; the same processes ``honcho start``
+runs from the Procfile, with their addresses chosen so that several clusters can
+coexist (ipc:// paths in a private directory, or free TCP ports).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tandem.client.errors import TandemError
+from tandem.client.sync import Client
+
+
+def free_tcp_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+@dataclass
+class WorkerSpec:
+    """One worker process: its id and the extra ``tandem worker`` flags."""
+
+    worker_id: str
+    args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Cluster:
+    workers: list[WorkerSpec] = field(default_factory=list)
+    router_args: list[str] = field(default_factory=list)
+    transport: str = "ipc"  # or "tcp"
+    log_dir: Path | None = None
+    start_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="tandem-")
+        root = Path(self._tmp.name)
+        self.log_dir = self.log_dir or root
+        if self.transport == "ipc":
+            self.client_addr, self.worker_addr = f"ipc://{root}/c.sock", f"ipc://{root}/w.sock"
+        else:
+            self.client_addr, self.worker_addr = free_tcp_address(), free_tcp_address()
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    # ------------------------------------------------------------ processes
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        assert self.log_dir is not None
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tandem", *args], stdout=log, stderr=log, env=env
+        )
+        self.procs[name] = proc
+        return proc
+
+    def start_router(self) -> None:
+        self._spawn(
+            "router",
+            [
+                "router",
+                "--client-addr",
+                self.client_addr,
+                "--worker-addr",
+                self.worker_addr,
+                *self.router_args,
+            ],
+        )
+
+    def start_worker(self, spec: WorkerSpec, wait: bool = True) -> None:
+        self._spawn(
+            spec.worker_id,
+            ["worker", "--router", self.worker_addr, "--worker-id", spec.worker_id, *spec.args],
+        )
+        if wait:
+            self.wait_for_workers({spec.worker_id})
+
+    def start(self) -> Cluster:
+        self.start_router()
+        for spec in self.workers:
+            self.start_worker(spec, wait=False)
+        self.wait_for_workers({w.worker_id for w in self.workers})
+        return self
+
+    def wait_for_workers(self, ids: set[str]) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        with self.client(timeout_s=5.0) as c:
+            while time.monotonic() < deadline:
+                try:
+                    have = {w["id"] for w in c.status().workers}
+                except TandemError:
+                    have = set()
+                if ids <= have:
+                    return
+                for name, proc in self.procs.items():
+                    if proc.poll() is not None:
+                        raise RuntimeError(
+                            f"{name} exited with {proc.returncode}: {self.log(name)}"
+                        )
+                time.sleep(0.1)
+        raise TimeoutError(f"workers {sorted(ids)} did not register: {self.log_dir}")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.pop(name)
+        proc.send_signal(sig)
+        proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.procs.clear()
+
+    def log(self, name: str) -> str:
+        assert self.log_dir is not None
+        path = self.log_dir / f"{name}.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    def client(self, **kwargs: float) -> Client:
+        return Client(self.client_addr, **kwargs)  # type: ignore[arg-type]
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self._tmp.cleanup()

@@ -1,0 +1,232 @@
+"""The simulated device and phase-aware routing over real processes.
+
+Unit part: SimProfile, SimBackend driven by the real Engine (simulated time is
+checked through ``busy_s``, not wall clocks), ``tandem profile`` on a sim.
+Integration part: a ``tandem router`` and two sim workers, a fast (GPU) and a slow
+(CPU) device, as subprocesses on ipc:// sockets; a burst 50 ms apart goes to the
+fast device first and starts offloading to the slow one once the fast one's
+backlog outweighs the slow one's cost.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from tandem.cli.main import main
+from tandem.client import Client
+from tandem.common import protocol as p
+from tandem.launcher.cluster import Cluster, WorkerSpec
+from tandem.workers.backends.sim import SimBackend, SimProfile
+from tandem.workers.engine import Engine, EngineConfig
+from tandem.workers.request import Request
+
+REPO = Path(__file__).resolve().parents[1]
+GPU_PROFILE = REPO / "deploy" / "profiles" / "gpu-m2.json"
+CPU_PROFILE = REPO / "deploy" / "profiles" / "cpu-m2.json"
+
+
+@pytest.fixture(scope="module")
+def model() -> Path:
+    from tandem.common.model_files import default_model_path
+
+    try:
+        return default_model_path()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+
+
+def write_profile(tmp_path: Path, **fields: Any) -> Path:
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"name": "t", "prefill_tok_s": 5000, **fields}))
+    return path
+
+
+# ------------------------------------------------------------ the profile
+def test_profile_files_and_costs() -> None:
+    gpu, cpu = SimProfile.load(GPU_PROFILE), SimProfile.load(CPU_PROFILE)
+    assert (gpu.prefill_tok_s, cpu.prefill_tok_s) == (2551, 73)
+    assert gpu.decode_tok_s()[0] == pytest.approx(293, rel=1e-3)
+    assert cpu.decode_tok_s()[0] == pytest.approx(45, rel=1e-3)
+    assert cpu.cost_s(73, 0) == pytest.approx(1.0)
+    assert cpu.cost_s(73, 2) == pytest.approx(1.0 + cpu.decode_step_s[1])
+    n = len(gpu.decode_step_s)
+    # Past the table the aggregate decode rate plateaus.
+    assert 2 * n / gpu.step_s(2 * n) == pytest.approx(gpu.decode_tok_s()[-1])
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"decode_step_s": []}, "positive seconds"),
+        ({"decode_step_s": [0.01, 0]}, "positive seconds"),
+        ({"decode_step_s": 0.01, "prefill_tok_s": -1}, "prefill_tok_s"),
+        ({"decode_step_s": 0.01, "speed": 1}, "unknown key"),
+    ],
+)
+def test_bad_profiles_are_refused(tmp_path: Path, fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SimProfile.load(write_profile(tmp_path, **fields))
+
+
+# ------------------------------------------------------------ the backend under the engine
+def run_engine(engine: Engine, *requests: Request) -> list[p.Message]:
+    out: list[p.Message] = []
+    engine.emit = out.append
+    for r in requests:
+        engine.submit(r)
+    while engine.queue or engine.active:
+        engine.step()
+    return out
+
+
+def sim_engine(sim: SimBackend, **cfg: Any) -> Engine:
+    return Engine(sim, EngineConfig(**cfg), lambda m: None, "sim-test")
+
+
+def test_sim_sleeps_by_profile_and_cache_hits_shorten_prefill(tmp_path: Path, model: Path) -> None:
+    sim = SimBackend(write_profile(tmp_path, decode_step_s=[0.001, 0.0015]), 4096, model)
+    assert sim.name == "sim" and sim.device == "sim-t" and sim.model_name == model.name
+    assert sim.profile_rates == (5000, [1000.0, pytest.approx(2000 / 1.5)])
+    engine = sim_engine(sim, max_active=2, step_tokens=256)
+    prefix = list(range(1000, 1512))
+    t0 = time.monotonic()
+    run_engine(engine, Request("seed", prefix, 1, prefill_only=True))
+    assert sim.busy_s == pytest.approx(512 / 5000)  # two 256-token chunks, no decode
+    assert time.monotonic() - t0 >= 0.09  # it really slept (minus the host's own time)
+    # Shares the 512-token prefix: only 16 tokens to prefill, then 4 decode steps (batch 1).
+    sim.busy_s = 0.0
+    out = run_engine(engine, Request("r", prefix + list(range(16)), 5))
+    assert sim.busy_s == pytest.approx(16 / 5000 + 4 * 0.001)
+    done = [m for m in out if isinstance(m, p.Done)]
+    assert done[0].stats["cached_tokens"] == 512 and done[0].stats["output_tokens"] == 5
+
+
+def test_sim_tokens_are_deterministic_and_never_end_generation(tmp_path: Path, model: Path) -> None:
+    sim = SimBackend(write_profile(tmp_path, decode_step_s=0.0001), 4096, model)
+
+    def tokens(prompt: list[int], rid: str) -> list[int]:
+        out = run_engine(sim_engine(sim, cache_tokens=0), Request(rid, prompt, 40))
+        return [t for m in out if isinstance(m, p.TokenDelta) for t in m.token_ids]
+
+    a, b = tokens([5, 6, 7], "a"), tokens([5, 6, 7], "b")
+    assert a == b and len(a) == 40 and len(set(a)) > 30
+    assert tokens([5, 6, 8], "c") != a
+    assert not any(sim.is_eog(t) for t in a) and all(sim.piece(t) for t in a)
+
+
+def test_profile_command_measures_a_sim(tmp_path: Path, model: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_profile(tmp_path, decode_step_s=[0.004, 0.005])
+    args = ["profile", "--backend", "sim", "--profile", str(path), "--max-active", "2"]
+    args += ["--decode-tokens", "16", "--repeats", "1", "--json"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["simulated"] and doc["device"] == "sim-t" and doc["prompt_tokens"] == 512
+    assert doc["decode_context"] == 512  # decode is measured after prompts as long as served
+    # The engine adds a little overhead to the played-back step times.
+    assert doc["prefill_tok_s"] == pytest.approx(5000, rel=0.2)
+    assert doc["decode_tok_s"] == pytest.approx([250, 400], rel=0.2)
+    saved = json.loads(Path(doc["path"]).read_text())
+    assert saved["decode_tok_s"] == doc["decode_tok_s"] and str(tmp_path) in doc["path"]
+    small = CliRunner().invoke(main, [*args, "--n-ctx", "600"])
+    assert small.exit_code == 2 and "KV cells" in small.output  # 2 x (512 + 19) > 600
+
+
+# ------------------------------------------------------------ real processes
+@pytest.fixture
+def sim_cluster(tmp_path: Path, model: Path) -> Iterator[tuple[Cluster, Path]]:
+    """A router with a decision log and two sim workers: gpu (gpu-m2) and cpu (cpu-m2)."""
+    log = tmp_path / "decisions.jsonl"
+    workers = [
+        WorkerSpec(wid, ["--backend", "sim", "--profile", str(prof), "--max-active", "4"])
+        for wid, prof in (("gpu", GPU_PROFILE), ("cpu", CPU_PROFILE))
+    ]
+    # Static prices: the test checks scores against the profiles' own numbers.
+    router = ["--decision-log", str(log), "--no-calibrate"]
+    with Cluster(workers, router, log_dir=tmp_path) as c:
+        try:
+            yield c, log
+        finally:
+            # Workers can hang on SIGTERM (their heartbeat send blocks once the I/O
+            # thread is gone): give them 2 s, then kill, so the test stays short.
+            for proc in c.procs.values():
+                proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 2.0
+            for proc in c.procs.values():
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def wait_for(client: Client, check: Callable[[list[dict]], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check(client.status().workers):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out; last status: {client.status().workers}")
+
+
+PREFIX = [1000 + (i * 37) % 20000 for i in range(512)]
+# The burst brings 20 x 128 = 2560 decode tok/s; the fast device drains at most 902
+# (its batch-4 rate), so its backlog passes the idle slow device's 3.06 s by request
+# ~32 even if it runs exactly at its profile. 40 requests leave some margin.
+BURST = 40
+
+
+def test_burst_goes_fast_first_then_offloads_to_slow(sim_cluster: tuple[Cluster, Path]) -> None:
+    cluster, log = sim_cluster
+    with cluster.client(timeout_s=60.0) as c:
+        seeds = [c.stream(tokens=PREFIX, prefill_only=True, worker=w) for w in ("gpu", "cpu")]
+        for s in seeds:
+            list(s)
+            assert s.result.finish_reason == "prefill_only"
+        wait_for(c, lambda ws: all(w["cached_blocks"] >= len(PREFIX) // 16 for w in ws))
+        streams, t0 = [], time.monotonic()
+        for i in range(BURST):
+            time.sleep(max(0.0, t0 + 0.05 * i - time.monotonic()))
+            tokens = PREFIX + [30000 + 16 * i + k for k in range(16)]
+            streams.append(
+                c.stream(tokens=tokens, max_tokens=128, ignore_eos=True, request_id=f"b{i:02d}")
+            )
+        results = {s.request_id: (list(s), s.result)[1] for s in streams}
+    for r in results.values():
+        assert r.finish_reason == "length" and len(r.token_ids) == 128
+        assert r.stats["cached_tokens"] == 512 and r.stats["router_cached_estimate"] == 512
+
+    records = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [r["policy"] for r in records[:2]] == ["forced:gpu", "forced:cpu"]
+    burst = records[2:]
+    assert [r["request"] for r in burst] == [f"b{i:02d}" for i in range(BURST)]
+    for r in burst:
+        by_id = {c["id"]: c for c in r["candidates"]}
+        assert r["choice"] == results[r["request"]].worker  # the log tells what happened
+        for c in by_id.values():
+            assert c["cached_tokens"] == 512
+            # Every request on a worker is priced at its 16 uncached tokens (queued ones
+            # keep their routing-time estimate), never at the full 528.
+            assert 16 * (c["queued"] + 1) <= c["P"] <= 16 * (c["active"] + c["queued"] + 1)
+        assert r["choice"] == min(by_id, key=lambda w: by_id[w]["score"])
+    choices = [r["choice"] for r in burst]
+    assert choices[:5] == ["gpu"] * 5
+    assert "cpu" in choices, choices
+    first = burst[choices.index("cpu")]
+    cpu, gpu = (next(c for c in first["candidates"] if c["id"] == w) for w in ("cpu", "gpu"))
+    # The slow device was idle: its cost is the new request alone, 16/73 + 128/45 s.
+    assert (cpu["active"], cpu["queued"], cpu["P"], cpu["D"]) == (0, 0, 16, 128)
+    assert cpu["score"] == pytest.approx(16 / 73 + 128 / 45, rel=1e-4)  # 45.0005: rounded step
+    # ... and the fast one had a backlog worth more than that.
+    assert gpu["score"] > cpu["score"] and gpu["active"] + gpu["queued"] >= 8
+    assert gpu["D"] > 128 * 8

@@ -1,0 +1,242 @@
+"""The shared engine: admission, step planning, stops, cancel, cache reuse, KV pressure."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.common import protocol as p
+from tandem.workers.engine import Engine, EngineConfig
+from tandem.workers.request import Request, Status
+from tests.helpers import EOS, FakeBackend
+
+
+def make(max_active=2, step_tokens=8, block_size=4, cache_tokens=64, **kw):
+    backend = FakeBackend(**kw)
+    out: list[p.Message] = []
+    cfg = EngineConfig(max_active, step_tokens, block_size, cache_tokens, 8, 0.5, 64)
+    return Engine(backend, cfg, out.append, "w0"), backend, out
+
+
+def req(rid, n=6, max_tokens=3, start=1, **kw):
+    return Request(rid, list(range(start, start + n)), max_tokens, **kw)
+
+
+def run_all(engine, limit=200):
+    for _ in range(limit):
+        if not (engine.queue or engine.active):
+            return
+        engine.step()
+    raise AssertionError("engine did not drain")
+
+
+def done(out):
+    return {m.request_id: m for m in out if isinstance(m, p.Done)}
+
+
+def test_fifo_admission_respects_the_cap():
+    e, _, _ = make(max_active=2)
+    for i in range(4):
+        e.submit(req(f"r{i}"))
+    e.admit()
+    assert [r.id for r in e.active] == ["r0", "r1"]
+    assert [r.id for r in e.queue] == ["r2", "r3"]
+
+
+def test_decode_goes_first_then_prefill_chunks_within_the_budget():
+    e, b, _ = make(max_active=3, step_tokens=8)
+    e.submit(req("a", n=4, max_tokens=5))
+    e.step()  # a: whole prompt in one step, first token sampled
+    e.submit(req("b", n=20))
+    e.submit(req("c", n=20))
+    e.step()
+    decode, prefill = b.steps[-1]
+    assert decode == ["a"]
+    assert prefill == [("b", 7)]  # 8 - 1 decode token; c waits for budget
+    e.step()
+    assert b.steps[-1] == (["a"], [("b", 7)])
+
+
+def test_generation_runs_to_length_and_reports_stats():
+    e, b, out = make()
+    e.submit(req("a", max_tokens=3))
+    run_all(e)
+    d = done(out)["a"]
+    assert d.finish_reason == "length"
+    texts = "".join(m.text for m in out if isinstance(m, p.TokenDelta))
+    assert texts == "<100><101><102>"
+    assert d.stats["output_tokens"] == 3 and d.stats["prompt_tokens"] == 6
+    assert d.stats["worker"] == "w0"
+
+
+def test_eos_stops_unless_ignored():
+    e, b, out = make()
+    b.script = {"a": [7, EOS, 8], "b": [7, EOS, 8]}
+    e.submit(req("a", max_tokens=5))
+    e.submit(req("b", max_tokens=3, ignore_eos=True))
+    run_all(e)
+    d = done(out)
+    assert d["a"].finish_reason == "eos" and d["a"].stats["output_tokens"] == 1
+    assert d["b"].finish_reason == "length" and d["b"].stats["output_tokens"] == 3
+
+
+def test_stop_string_ends_generation_and_is_not_emitted():
+    e, b, out = make()
+    e.submit(req("a", max_tokens=10, stop=["<102>"]))
+    run_all(e)
+    assert done(out)["a"].finish_reason == "stop"
+    assert "".join(m.text for m in out if isinstance(m, p.TokenDelta)) == "<100><101>"
+
+
+def test_cancel_queued_and_active_is_idempotent():
+    e, _, out = make(max_active=1)
+    e.submit(req("a", max_tokens=50))
+    e.submit(req("b"))
+    e.step()
+    e.cancel("b")
+    e.cancel("a")
+    e.cancel("a")
+    e.cancel("never-seen")
+    d = done(out)
+    assert d["a"].finish_reason == "cancelled" and d["b"].finish_reason == "cancelled"
+    assert not e.active and not e.queue
+
+
+def test_cache_hit_skips_prefill_work():
+    e, b, out = make(max_active=1, step_tokens=64, block_size=4)
+    prefix = list(range(1, 17))
+    e.submit(Request("seed", prefix, 1, prefill_only=True))
+    run_all(e)
+    assert done(out)["seed"].finish_reason == "prefill_only"
+    fed_before = b.fed
+    e.submit(Request("hit", prefix + [50, 51, 52], 2))
+    run_all(e)
+    d = done(out)["hit"]
+    assert d.stats["cached_tokens"] == 16
+    assert b.fed - fed_before == 3, "only the uncached tail is computed"
+    hb = e.heartbeat()
+    assert hb.cache["full"] is True and len(hb.cache["blocks"]) >= 4
+
+
+def test_kv_pressure_evicts_cache_entries_before_failing_requests():
+    e, b, out = make(max_active=1, step_tokens=64, block_size=4, kv_cells=40)
+    e.submit(Request("old", list(range(100, 124)), 1, prefill_only=True))
+    run_all(e)
+    assert len(e.cache.entries) == 1
+    e.submit(Request("new", list(range(200, 230)), 4))
+    run_all(e)
+    assert done(out)["new"].finish_reason == "length"
+    assert all(ent.tokens[0] != 100 for ent in e.cache.entries.values()), "old entry evicted"
+
+
+def test_kv_exhaustion_with_nothing_to_evict_fails_one_request_cleanly():
+    e, b, out = make(max_active=2, step_tokens=64, kv_cells=14, cache_tokens=0)
+    e.submit(req("a", n=8, max_tokens=4))
+    e.submit(req("b", n=8, max_tokens=4))
+    run_all(e)
+    errors = [m for m in out if isinstance(m, p.Error)]
+    assert [m.request_id for m in errors] == ["b"] and errors[0].code == p.OVERLOADED
+    assert done(out)["a"].finish_reason == "length"
+    assert not e.active
+
+
+@pytest.mark.parametrize(
+    ("request_", "code"),
+    [
+        (Request("x", [], 3), p.BAD_REQUEST),
+        (Request("x", [1, 5000], 3), p.BAD_REQUEST),
+        (Request("x", [1], 0), p.BAD_REQUEST),
+        (Request("x", [1], 65), p.BAD_REQUEST),
+        (Request("x", [1] * 60, 10), p.PROMPT_TOO_LONG),
+    ],
+)
+def test_bad_assignments_get_errors_not_crashes(request_, code):
+    e, _, out = make(n_ctx=64)
+    e.submit(request_)
+    assert isinstance(out[-1], p.Error) and out[-1].code == code
+    assert not e.queue
+
+
+def test_heartbeat_lists_remaining_work():
+    e, _, _ = make(max_active=1, step_tokens=4)
+    e.submit(req("a", n=6, max_tokens=5))
+    e.submit(req("b", n=6, max_tokens=5))
+    e.step()  # a: 4 of 6 prompt tokens
+    hb = e.heartbeat()
+    (a,) = hb.active
+    (b,) = hb.queued
+    assert a == {"id": "a", "prompt": 6, "cached": 0, "prefill_remaining": 2, "decode_remaining": 5}
+    assert b["prefill_remaining"] == 6 and b["decode_remaining"] == 5
+    assert e.active[0].status is Status.PREFILL
+
+
+def test_a_backend_failure_fails_the_step_and_the_engine_keeps_serving():
+    e, b, out = make()
+    real_run = b.run
+
+    def broken(decode, prefill):
+        raise RuntimeError("device lost")
+
+    b.run = broken
+    e.submit(req("a"))
+    e.step()
+    (err,) = [m for m in out if isinstance(m, p.Error)]
+    assert err.request_id == "a" and err.code == p.WORKER_ERROR and "device lost" in err.message
+    assert not e.active and not e.cache.entries, "a failed request's KV is not cached"
+    b.run = real_run
+    e.submit(req("b"))
+    run_all(e)
+    assert done(out)["b"].finish_reason == "length"
+
+
+def test_full_block_listing_is_resent_periodically():
+    import time as _time
+
+    e, _, _ = make()
+    e.cache.log.report()  # consume the initial full listing
+    assert e.heartbeat().cache["full"] is False
+    e._last_full = _time.monotonic() - e.cfg.full_resync_s - 1
+    out_before = len(e.emit.__self__)
+    e.maybe_heartbeat()
+    hb = e.emit.__self__[out_before]
+    assert isinstance(hb, p.Heartbeat) and hb.cache["full"] is True
+
+
+def test_warm_up_runs_a_full_chunk_and_every_power_of_two_batch_then_holds_nothing() -> None:
+    from tandem.workers.profiler import warm_up
+
+    backend = FakeBackend()
+    backend.is_eog = lambda token: False  # the fake's scripted EOS must not end decodes early
+    warm_up(backend, max_active=6, step_tokens=32)
+    chunks = {n for _, prefill in backend.steps for _, n in prefill}
+    assert 32 in chunks  # a full prefill chunk, then the rest of the prompt
+    batches = {len(decode) for decode, _ in backend.steps if decode}
+    assert {1, 2, 4, 6} <= batches
+    assert not backend.kv  # every warm-up request's KV was released
+
+
+def test_warmup_setting_is_on_for_gpus_by_default_and_validated() -> None:
+    from tandem.workers.config import WorkerConfig
+
+    auto = WorkerConfig("tcp://127.0.0.1:1")
+    assert auto.wants_warmup("gpu-cuda") and not auto.wants_warmup("cpu")
+    assert WorkerConfig("tcp://127.0.0.1:1", warmup="on").wants_warmup("cpu")
+    assert not WorkerConfig("tcp://127.0.0.1:1", warmup="off").wants_warmup("gpu-metal")
+    with pytest.raises(ValueError, match="warmup"):
+        WorkerConfig("tcp://127.0.0.1:1", warmup="sometimes")
+
+
+def test_a_worker_without_profile_or_rate_flags_says_its_rates_are_a_guess(
+    tmp_path, monkeypatch, caplog
+) -> None:
+    from tandem.workers.config import WorkerConfig
+    from tandem.workers.main import rates
+
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))  # no stored profiles here
+    with caplog.at_level("WARNING", logger="tandem.workers.main"):
+        assert rates(WorkerConfig("tcp://127.0.0.1:1"), FakeBackend()) == (200.0, [50.0] * 4)
+    assert "no stored profile for fake" in caplog.text and "tandem profile" in caplog.text
+    caplog.clear()
+    flagged = WorkerConfig("tcp://127.0.0.1:1", prefill_tok_s=900.0, decode_tok_s=(80.0,))
+    with caplog.at_level("WARNING", logger="tandem.workers.main"):
+        assert rates(flagged, FakeBackend()) == (900.0, [80.0] * 4)
+    assert not caplog.text

@@ -1,0 +1,131 @@
+"""The wire protocol: round trips, strict validation, and no crash on any bytes."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tandem.common import protocol as p
+
+EXAMPLES = [
+    p.Hello("cli"),
+    p.Welcome("tandem", "phase_cost"),
+    p.Submit("r1", prompt="hi", max_tokens=5, stop=["\n"], seed=3, worker="cpu0"),
+    p.Submit("r2", tokens=[1, 2, 3], temperature=0.7, top_p=0.9, top_k=40, stream=False),
+    p.Submit("r3", messages=[{"role": "user", "content": "hi"}], prefill_only=True),
+    p.Cancel("r1"),
+    p.StatusQuery(),
+    p.StatusReply("round_robin", [{"id": "w"}], 2),
+    p.Accepted("r1", "cpu0", 12, 8),
+    p.TokenDelta("r1", [5, 6], "ab"),
+    p.Done("r1", "length", {"ttft_s": 0.1, "worker": "cpu0"}),
+    p.Error(p.BAD_REQUEST, "nope", "r1"),
+    p.Error(p.BAD_FRAME, "nope"),
+    p.Ready("w", "llama.cpp", "cpu", "m.gguf", 4, 8192, 16, 200.0, [50.0, 80.0], 0.5, {"k": 1}),
+    p.Heartbeat("w", 3, [{"id": "a", "prefill_remaining": 0}], [], 10, 100, {"full": True}),
+    p.Assign("a", [1, 2], 8, stop=["x"], cached_estimate=16),
+    p.Reregister(),
+    p.ResyncCache(),
+    p.Goodbye("w"),
+]
+
+
+def test_every_message_type_has_an_example():
+    assert {type(m) for m in EXAMPLES} == set(p.MESSAGE_TYPES.values())
+
+
+@pytest.mark.parametrize("msg", EXAMPLES, ids=lambda m: m.TYPE)
+def test_round_trip(msg):
+    assert p.decode(p.encode(msg)) == msg
+
+
+def test_integers_are_accepted_where_floats_are_expected():
+    frame = msgpack.packb({"v": 1, "type": "submit", "request_id": "r", "prompt": "x", "top_p": 1})
+    msg = p.decode(frame)
+    assert isinstance(msg, p.Submit) and msg.top_p == 1.0 and isinstance(msg.top_p, float)
+
+
+def _frame(**body):
+    return msgpack.packb({"v": p.PROTOCOL_VERSION, **body})
+
+
+@pytest.mark.parametrize(
+    ("frame", "code", "needle"),
+    [
+        (b"\xc1", p.BAD_FRAME, "msgpack"),
+        (msgpack.packb("a string"), p.BAD_FRAME, "map"),
+        (msgpack.packb({"type": "hello"}), p.VERSION_MISMATCH, "version"),
+        (msgpack.packb({"v": 2, "type": "hello"}), p.VERSION_MISMATCH, "version"),
+        (_frame(type="warp"), p.BAD_FRAME, "unknown message type"),
+        (_frame(type=7), p.BAD_FRAME, "unknown message type"),
+        (_frame(type="cancel"), p.BAD_REQUEST, "missing field 'request_id'"),
+        (_frame(type="cancel", request_id="r", extra=1), p.BAD_REQUEST, "unknown field"),
+        (_frame(type="submit", request_id="r", max_tokens="9"), p.BAD_REQUEST, "max_tokens"),
+        (_frame(type="submit", request_id="r", max_tokens=True), p.BAD_REQUEST, "max_tokens"),
+        (_frame(type="submit", request_id="r", tokens=[1, "2"]), p.BAD_REQUEST, "tokens"),
+        (_frame(type="submit", request_id="r", stop="x"), p.BAD_REQUEST, "stop"),
+        (_frame(type="submit", request_id=None), p.BAD_REQUEST, "request_id"),
+    ],
+)
+def test_rejections_carry_a_code_and_a_clear_message(frame, code, needle):
+    with pytest.raises(p.ProtocolError) as info:
+        p.decode(frame)
+    assert info.value.code == code
+    assert needle in info.value.message
+
+
+def test_non_string_keys_are_rejected():
+    for key in (b"request_id", 1):
+        with pytest.raises(p.ProtocolError) as info:
+            p.decode(msgpack.packb({"v": 1, "type": "cancel", key: "r"}, use_bin_type=True))
+        assert info.value.code == p.BAD_FRAME
+
+
+def test_rejection_keeps_the_request_id_when_readable():
+    with pytest.raises(p.ProtocolError) as info:
+        p.decode(_frame(type="submit", request_id="abc", max_tokens="x"))
+    assert info.value.request_id == "abc"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_only_ever_raise_protocol_error(data):
+    with contextlib.suppress(p.ProtocolError):
+        p.decode(data)
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(sorted(p.MESSAGE_TYPES)),
+    st.dictionaries(st.text(max_size=12), json_values, max_size=6),
+)
+def test_arbitrary_maps_decode_to_valid_messages_or_raise_protocol_error(tag, body):
+    try:
+        msg = p.decode(msgpack.packb({**body, "v": p.PROTOCOL_VERSION, "type": tag}))
+    except p.ProtocolError:
+        return
+    for f in dataclasses.fields(msg):  # a decoded message always re-encodes
+        assert (
+            f.name in body
+            or f.default is not dataclasses.MISSING
+            or f.default_factory is not dataclasses.MISSING
+        )
+    assert p.decode(p.encode(msg)) == msg

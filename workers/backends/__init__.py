@@ -1,0 +1,41 @@
+"""Worker backends, registered by name; each module holds one engine's backend class.
+
+Every backend class implements ``workers.engine.Backend`` and one constructor from
+the worker's configuration, ``from_config(cfg, model_path)``. Modules are imported
+only when their backend is used: llama.cpp and MLX are optional installs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tandem.workers.config import WorkerConfig
+    from tandem.workers.engine import Backend
+
+# name -> "module:class"
+_REGISTRY = {
+    "llama.cpp": "tandem.workers.backends.llama:LlamaBackend",
+    "mlx": "tandem.workers.backends.mlx.backend:MlxBackend",
+    "sim": "tandem.workers.backends.sim:SimBackend",
+}
+BACKENDS = tuple(_REGISTRY)
+
+
+def backend_class(name: str) -> type:
+    """The class registered as ``name`` (ValueError names the known ones)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"backend must be one of {BACKENDS}, not {name!r}")
+    module, cls = _REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+
+
+def build_backend(cfg: WorkerConfig) -> Backend:
+    """Load the configured backend on the configured (or embedded default) model."""
+    from tandem.common.model_files import default_model_path
+
+    model = Path(cfg.model) if cfg.model else default_model_path()
+    backend: Backend = backend_class(cfg.backend).from_config(cfg, model)
+    return backend

@@ -1,0 +1,191 @@
+"""llama.cpp backend: one context, many sequences, on llama-cpp-python's low-level API.
+
+The high-level ``Llama`` class cannot batch sequences, so this drives
+``llama_decode`` directly. The KV pool is *unified* (``kv_unified=True``): all
+sequences share ``n_ctx`` cells, and ``llama_memory_seq_cp`` of a prefix is a
+metadata operation, so a prefix-cache hit shares the cached KV cells instead of
+recomputing or copying them. (In non-unified mode a partial ``seq_cp`` aborts the
+process.) Sequence ids are a fixed pool: one per active request plus one per
+cache entry.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import llama_cpp as L
+
+from tandem.common.tokenizer import TokenizerSpec, tokenizer_spec_from_gguf
+from tandem.workers.engine import KVFull
+from tandem.workers.prefix_cache import Match
+from tandem.workers.request import Request
+
+if TYPE_CHECKING:
+    from tandem.workers.config import WorkerConfig
+
+log = logging.getLogger(__name__)
+
+
+@L.llama_log_callback
+def _quiet_log(level, text, user_data):  # noqa: ANN001 - ctypes callback signature
+    if level == 4:  # GGML_LOG_LEVEL_ERROR (5 is CONT: continuation of any level)
+        log.error("llama.cpp: %s", text.decode(errors="replace").rstrip())
+
+
+_backend_ready = False
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        L.llama_log_set(_quiet_log, ctypes.c_void_p())
+        L.llama_backend_init()
+        _backend_ready = True
+
+
+class LlamaBackend:
+    """A llama.cpp model + context serving up to ``max_active`` sequences at once."""
+
+    name = "llama.cpp"
+
+    @classmethod
+    def from_config(cls, cfg: WorkerConfig, model: Path) -> LlamaBackend:
+        device = "cpu" if cfg.device == "auto" else cfg.device
+        return cls(
+            model,
+            n_ctx=cfg.n_ctx,
+            threads=cfg.threads,
+            max_active=cfg.engine.max_active,
+            cache_entries=cfg.engine.cache_entries,
+            step_tokens=cfg.engine.step_tokens,
+            device=device,
+        )
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        n_ctx: int = 8192,
+        threads: int = 2,
+        max_active: int = 4,
+        cache_entries: int = 16,
+        step_tokens: int = 256,
+        device: str = "cpu",
+    ) -> None:
+        _init_backend()
+        self.model_path = Path(model_path)
+        mparams = L.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        self.model = L.llama_model_load_from_file(str(self.model_path).encode(), mparams)
+        if not self.model:
+            raise ValueError(f"llama.cpp could not load model {self.model_path}")
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.vocab_size = L.llama_vocab_n_tokens(self.vocab)
+        cparams = L.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = cparams.n_ubatch = step_tokens
+        cparams.n_seq_max = max_active + cache_entries + 1
+        cparams.n_threads = cparams.n_threads_batch = threads
+        cparams.kv_unified = True
+        self.ctx = L.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            raise ValueError("llama.cpp could not create a context (n_ctx too large?)")
+        self.n_ctx = L.llama_n_ctx(self.ctx)
+        self.mem = L.llama_get_memory(self.ctx)
+        self.free_seqs = list(range(cparams.n_seq_max - 1, -1, -1))
+        self.batch = L.llama_batch_init(step_tokens, 0, 1)
+        self.batch_cap = step_tokens
+        self.device = device
+        self.model_name = self.model_path.name
+        self.threads = threads
+        self.tokenizer_spec: TokenizerSpec = tokenizer_spec_from_gguf(self.model_path)
+        self._pieces: dict[int, bytes] = {}
+
+    # ------------------------------------------------------------ slots
+    def begin(self, req: Request, match: Match) -> None:
+        seq = self.free_seqs.pop()
+        L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+        if match.entry is not None and match.n_tokens > 0:
+            # Shares the cached cells (unified KV): no prefill, no copy.
+            L.llama_memory_seq_cp(self.mem, match.entry.handle, seq, 0, match.n_tokens)
+        req.slot = seq
+        req.sampler = self._sampler(req)
+
+    def end(self, req: Request) -> int:
+        if req.sampler is not None:
+            L.llama_sampler_free(req.sampler)
+            req.sampler = None
+        seq, req.slot = req.slot, None
+        return seq
+
+    def free(self, handle: int) -> None:
+        L.llama_memory_seq_rm(self.mem, handle, -1, -1)
+        self.free_seqs.append(handle)
+
+    # ------------------------------------------------------------ the step
+    def run(self, decode: list[Request], prefill: list[tuple[Request, int]]) -> dict[str, int]:
+        rows: list[tuple[Request, int]] = []  # (request, batch index of its logits)
+        n = 0
+        for r in decode:
+            n = self._put(n, r.output[-1], len(r.prompt) + r.n_fed, r.slot, True)
+            rows.append((r, n - 1))
+        for r, k in prefill:
+            end = r.n_computed + k
+            for pos in range(r.n_computed, end):
+                last = pos == len(r.prompt) - 1
+                n = self._put(n, r.prompt[pos], pos, r.slot, last and not r.prefill_only)
+            if end == len(r.prompt) and not r.prefill_only:
+                rows.append((r, n - 1))
+        self.batch.n_tokens = n
+        rc = L.llama_decode(self.ctx, self.batch)
+        if rc == 1:
+            raise KVFull()
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with {rc}")
+        return {r.id: L.llama_sampler_sample(r.sampler, self.ctx, i) for r, i in rows}
+
+    def _put(self, n: int, token: int, pos: int, seq: int, logits: bool) -> int:
+        if n >= self.batch_cap:
+            raise RuntimeError("step larger than the batch the context was built for")
+        b = self.batch
+        b.token[n], b.pos[n], b.n_seq_id[n] = token, pos, 1
+        b.seq_id[n][0] = seq
+        b.logits[n] = 1 if logits else 0
+        return n + 1
+
+    def _sampler(self, req: Request):  # noqa: ANN202 - a ctypes pointer
+        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        if req.temperature <= 0:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
+            return chain
+        if req.top_k > 0:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(req.top_k))
+        if req.top_p < 1.0:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_p(req.top_p, 1))
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(req.temperature))
+        seed = req.seed if req.seed is not None else random.getrandbits(32)
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(seed))
+        return chain
+
+    # ------------------------------------------------------------ tokens
+    def piece(self, token: int) -> bytes:
+        out = self._pieces.get(token)
+        if out is None:
+            buf = ctypes.create_string_buffer(64)
+            n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            out = self._pieces[token] = buf.raw[:n]
+        return out
+
+    def is_eog(self, token: int) -> bool:
+        return bool(L.llama_vocab_is_eog(self.vocab, token))
+
+    def close(self) -> None:
+        L.llama_batch_free(self.batch)
+        L.llama_free(self.ctx)
+        L.llama_model_free(self.model)

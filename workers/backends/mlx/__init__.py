@@ -1,0 +1,1 @@
+"""The MLX backend (Metal on macOS, CUDA on Linux, CPU fallback): GGUF loading, batching."""

@@ -1,0 +1,290 @@
+"""MLX backend: Metal on macOS, CUDA on Linux, CPU as the fallback; the same engine.
+
+The engine plans every step; this backend runs it. Every decoding request is a
+row of one ``DecodeBatch`` (workers/mlx_batch.py), so all decode tokens of a step
+go through ONE forward pass. A prefilling request has its own single-row mlx-lm
+``KVCache`` and runs its chunk in its own pass; once it decodes, its KV joins the
+batch.
+
+Decode steps are pipelined as in mlx-lm's own generators: after answering step
+n, the batch's step n+1 is already queued (``mx.async_eval``) with step n's
+tokens as its input, so the device works while the engine handles tokens in
+Python. When the engine's next plan is those same rows, the result is used;
+rows that finished leave the batch (their speculative column is dropped) and a
+row that joins rolls the speculative step back and runs a fresh one.
+
+Prefix-cache handles are ``CachedKV``: per-layer copies of a finished request's
+KV. A hit gives the new request slices of them; MLX arrays are values, so the
+request's first write copies instead of touching the cached arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+from mlx_lm.models import llama
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from tandem.common.tokenizer import TokenizerSpec, piece_table
+from tandem.workers.backends.mlx.batch import KV, DecodeBatch, Sampler, sample
+from tandem.workers.engine import EngineConfig, KVFull
+from tandem.workers.prefix_cache import Match
+from tandem.workers.request import Request
+
+if TYPE_CHECKING:
+    from tandem.workers.config import WorkerConfig
+
+
+def pick_device(device: str) -> tuple[mx.Device, str]:
+    """(MLX device, label) for ``--device auto|gpu|cpu``; ValueError if impossible."""
+    gpu = "gpu-metal" if mx.metal.is_available() else "gpu-cuda" if mx.cuda.is_available() else ""
+    if device == "cpu" or (device == "auto" and not gpu):
+        return mx.cpu, "cpu"
+    if device in ("auto", "gpu"):
+        if not gpu:
+            raise ValueError(
+                "--device gpu: this MLX has no GPU backend (no Metal, no CUDA); "
+                'install "mlx[cuda13]" on NVIDIA Linux, or use --device cpu'
+            )
+        return mx.gpu, gpu
+    raise ValueError(f"the mlx backend takes --device auto, gpu or cpu, not {device!r}")
+
+
+@dataclass
+class CachedKV:
+    """A prefix-cache handle: the KV of ``n_tokens`` tokens, one (keys, values) per layer."""
+
+    layers: list[KV] | None  # None once freed
+    n_tokens: int
+
+
+@dataclass
+class _Slot:
+    req: Request
+    cache: list[KVCache] | None  # a private cache while prefilling; None once in the batch
+    n_tokens: int  # KV columns written, a speculative one included
+    sampler: Sampler
+
+
+@dataclass
+class _Pending:
+    """A decode step queued ahead for the batch's rows, in row order."""
+
+    tokens: mx.array
+    keys: list[mx.array | None]
+
+
+class MlxBackend:
+    """An mlx-lm model serving the engine's batches on one MLX device."""
+
+    name = "mlx"
+    pipeline = True  # queue each decode step ahead (off: to measure what it buys)
+
+    @classmethod
+    def from_config(cls, cfg: WorkerConfig, model: Path) -> MlxBackend:
+        return cls(model, n_ctx=cfg.n_ctx, device=cfg.device, engine=cfg.engine)
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        n_ctx: int = 8192,
+        device: str = "auto",
+        engine: EngineConfig | None = None,
+        loaded: tuple[Any, TokenizerSpec, dict[str, Any]] | None = None,
+    ) -> None:
+        """Load ``model_path`` (GGUF file or mlx-lm folder), or use ``loaded``
+        (an already built ``(model, spec, config)``, e.g. ``make_tiny_model()``)."""
+        mx_device, self.device = pick_device(device)
+        self._stream = mx.new_stream(mx_device)
+        if loaded is None:
+            from tandem.workers.backends.mlx.model import load_mlx_model
+
+            with mx.stream(self._stream):
+                loaded = load_mlx_model(model_path)
+        self.model, self.tokenizer_spec, config = loaded
+        if not all(isinstance(c, KVCache) for c in make_prompt_cache(self.model)):
+            raise ValueError("the mlx backend needs a model with plain KV caches (no sliding)")
+        self.model_name = Path(model_path).name  # as llama.cpp's backend reports it
+        self.n_ctx = n_ctx
+        self.vocab_size = int(config["vocab_size"])
+        self.engine_config = engine or EngineConfig()
+        self._eog = frozenset(self.tokenizer_spec.eos_ids)
+        self._pieces = piece_table(self.tokenizer_spec, self.vocab_size)
+        # Only llama's head is known to be a plain projection we may apply to one position.
+        self._split_head = isinstance(self.model, llama.Model)
+        self._batch = DecodeBatch()
+        self._pending: _Pending | None = None
+        self._slots: list[_Slot] = []
+        self._held_tokens = 0  # KV tokens in live cache handles
+        self.prompt_tokens_fed = 0  # prefix-cache hits skip theirs
+        self.decode_passes = 0  # batched forward passes (speculative ones included)
+        self.speculation_dropped = 0
+
+    @classmethod
+    def from_model(
+        cls,
+        loaded: tuple[Any, TokenizerSpec, dict[str, Any]],
+        name: str = "mlx-model",
+        **kwargs: Any,
+    ) -> MlxBackend:
+        """A backend around an already built model (tests: ``make_tiny_model()``)."""
+        return cls(name, loaded=loaded, **kwargs)
+
+    # ------------------------------------------------------------ slots
+    def begin(self, req: Request, match: Match) -> None:
+        cache = make_prompt_cache(self.model)
+        n = match.n_tokens if match.entry is not None else 0
+        if n:
+            layers = match.entry.handle.layers  # type: ignore[union-attr]
+            for c, (k, v) in zip(cache, layers, strict=True):
+                c.keys, c.values, c.offset = k[..., :n, :], v[..., :n, :], n
+        sampler = Sampler.create(req.temperature, req.top_p, req.top_k, req.seed)
+        req.slot = slot = _Slot(req, cache, n, sampler)
+        self._slots.append(slot)
+
+    def end(self, req: Request) -> CachedKV:
+        slot: _Slot = req.slot
+        req.slot = None
+        self._slots.remove(slot)
+        n = len(req.kv_tokens())
+        with mx.stream(self._stream):
+            if slot.cache is None:
+                layers = self._batch.extract(slot, n)
+                self._leave_batch(slot)
+            elif n:
+                layers = [
+                    (mx.contiguous(c.keys[..., :n, :]), mx.contiguous(c.values[..., :n, :]))
+                    for c in slot.cache
+                ]
+            else:
+                layers = []
+            mx.async_eval(layers)  # materialize now, so the copy holds no big buffer alive
+        self._held_tokens += n
+        return CachedKV(layers, n)
+
+    def free(self, handle: CachedKV) -> None:
+        if handle.layers is not None:
+            self._held_tokens -= handle.n_tokens
+            handle.layers = None
+
+    # ------------------------------------------------------------ the step
+    def run(self, decode: list[Request], prefill: list[tuple[Request, int]]) -> dict[str, int]:
+        self._check_room(decode, prefill)
+        with mx.stream(self._stream):
+            joining = [r.slot for r in decode if r.slot.cache is not None]
+            if joining:
+                self._drop_pending()
+                for slot in joining:
+                    self._batch.add(slot, [(c.keys, c.values) for c in slot.cache], slot.n_tokens)
+                    slot.cache = None
+            rows: list[_Slot] = list(self._batch.rows) if decode else []
+            if len(rows) != len(decode):
+                raise RuntimeError("decode requests and batch rows differ")
+            parts = [self._decode(rows)] if rows else []
+            owners = [s.req.id for s in rows]
+            kv_written: list[mx.array] = []
+            for r, n in prefill:
+                token = self._prefill(r, n)
+                kv_written += [a for c in r.slot.cache for a in (c.keys, c.values)]
+                if token is not None:
+                    parts.append(token)
+                    owners.append(r.id)
+            out = (mx.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else None
+            mx.async_eval(*([out] if out is not None else []), kv_written)
+            joins_next = any(
+                r.n_computed + n == len(r.prompt) and not r.prefill_only for r, n in prefill
+            )
+            if rows and self.pipeline and not joins_next:  # a join would drop it anyway
+                self._speculate(rows, parts[0])
+            values = out.tolist() if out is not None else []
+            mx.eval(kv_written)  # this step's prefill is done when run returns
+        return dict(zip(owners, values, strict=True))
+
+    def _check_room(self, decode: list[Request], prefill: list[tuple[Request, int]]) -> None:
+        """KVFull before any state changes, so the engine can free cache and retry."""
+        ahead = len(self._batch) if self._pending is not None else 0
+        in_use = sum(s.n_tokens for s in self._slots) - ahead + self._held_tokens
+        if in_use + len(decode) + sum(n for _, n in prefill) > self.n_ctx:
+            raise KVFull()
+
+    def _decode(self, rows: list[_Slot]) -> mx.array:
+        """This step's tokens for the batch rows: the queued step's, or a fresh pass."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            for s, key in zip(rows, pending.keys, strict=True):
+                if len(s.req.prompt) + s.req.n_fed + 1 != s.n_tokens:
+                    raise RuntimeError(f"request {s.req.id}: speculative step out of line")
+                s.sampler.key = key
+            return pending.tokens
+        tokens, keys = self._batch_pass(rows, mx.array([s.req.output[-1] for s in rows]))
+        for s, key in zip(rows, keys, strict=True):
+            s.sampler.key = key
+        return tokens
+
+    def _speculate(self, rows: list[_Slot], tokens: mx.array) -> None:
+        """Queue the next decode step now, fed this step's (still lazy) tokens."""
+        if all(len(s.req.output) + 1 >= s.req.max_tokens for s in rows):
+            return  # every row ends at this token
+        out, keys = self._batch_pass(rows, tokens)
+        mx.async_eval(out)
+        self._pending = _Pending(out, keys)
+
+    def _batch_pass(self, rows: list[_Slot], tokens: mx.array) -> tuple[mx.array, list]:
+        logits = self._batch.forward(self.model, tokens)
+        for s in rows:
+            s.n_tokens += 1
+        self.decode_passes += 1
+        return sample(logits, [s.sampler for s in rows])
+
+    def _drop_pending(self) -> None:
+        if self._pending is not None:
+            self._pending = None
+            self._batch.rollback()
+            for s in self._batch.rows:
+                s.n_tokens -= 1
+            self.speculation_dropped += 1
+
+    def _leave_batch(self, slot: _Slot) -> None:
+        b = self._batch.remove(slot)
+        if self._pending is None:
+            return
+        if not self._batch.rows:
+            self._pending = None
+            return
+        keep = [i for i in range(len(self._pending.keys)) if i != b]
+        self._pending.tokens = mx.take(self._pending.tokens, mx.array(keep))
+        del self._pending.keys[b]
+
+    def _prefill(self, req: Request, n: int) -> mx.array | None:
+        """Feed the next ``n`` prompt tokens; the sampled token if the prompt ends here."""
+        slot: _Slot = req.slot
+        start = req.n_computed
+        ids = mx.array([req.prompt[start : start + n]])
+        self.prompt_tokens_fed += n
+        slot.n_tokens += n
+        if start + n < len(req.prompt) or req.prefill_only:
+            self.model(ids, cache=slot.cache)  # KV only: the logits are never evaluated
+            return None
+        token, (key,) = sample(self._last_logits(ids, slot.cache), [slot.sampler])
+        slot.sampler.key = key
+        return token
+
+    def _last_logits(self, ids: mx.array, cache: list[KVCache]) -> mx.array:
+        """Logits of the last position only: the head over a whole chunk costs
+        chunk x hidden x vocab, more than the rest of a small model."""
+        if not self._split_head:
+            return self.model(ids, cache=cache)[:, -1, :]
+        h = self.model.model(ids, cache)[:, -1:, :]
+        if self.model.args.tie_word_embeddings:
+            return self.model.model.embed_tokens.as_linear(h)[:, -1, :]
+        return self.model.lm_head(h)[:, -1, :]
+
+    # ------------------------------------------------------------ tokens
+    def piece(self, token: int) -> bytes:
+        return self._pieces[token]
+
+    def is_eog(self, token: int) -> bool:
+        return token in self._eog
