@@ -58,6 +58,20 @@ from tandem.workers.backends import BACKENDS
     show_default=True,
     help="Price decode by max_tokens, or scaled by the realized/requested token ratio.",
 )
+@click.option(
+    "--metrics-port",
+    type=int,
+    envvar="TANDEM_METRICS_PORT",
+    default=None,
+    help="Serve Prometheus /metrics on this port (off when unset).",
+)
+@click.option(
+    "--metrics-host",
+    envvar="TANDEM_METRICS_HOST",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the metrics endpoint binds.",
+)
 def router(
     client_addr: str,
     worker_addr: str,
@@ -67,6 +81,8 @@ def router(
     decision_log: str | None,
     calibrate: bool,
     decode_estimate: str,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Run the router."""
     from tandem.broker.main import run_router
@@ -81,6 +97,8 @@ def router(
             decision_log,
             calibrate,
             decode_estimate,
+            metrics_port,
+            metrics_host,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -52,6 +52,29 @@ class AsyncClient:
         async for delta in self._run(prompt, kwargs, {}):
             yield delta
 
+    async def events(
+        self, prompt: str | None = None, **kwargs: Any
+    ) -> AsyncIterator[Delta | Result]:
+        """Yields Deltas as they arrive, then the final Result (usage, finish reason).
+
+        Leaving the loop early (break, task cancelled) cancels the request."""
+        out: dict[str, Assembly] = {}
+        async for delta in self._run(prompt, kwargs, out):
+            yield delta
+        result = out["asm"].result
+        assert result is not None
+        yield result
+
+    def cancel(self, request_id: str) -> None:
+        """Ask the router to stop ``request_id`` (idempotent). Sends without awaiting, so
+        it also works from cleanup code running inside a cancelled task."""
+        try:
+            sent = self._sock.send(p.encode(p.Cancel(request_id)), zmq.NOBLOCK)
+        except zmq.ZMQError:  # socket closed: nothing left to cancel through
+            return
+        # A full queue fails the future (EAGAIN); read its outcome so asyncio does not warn.
+        sent.add_done_callback(lambda f: f.cancelled() or f.exception())
+
     async def status(self) -> p.StatusReply:
         box = self._box(None)
         await self._sock.send(p.encode(p.StatusQuery()))
@@ -69,13 +92,21 @@ class AsyncClient:
         box = self._box(rid)
         asm = out["asm"] = Assembly(rid)
         await self._sock.send(p.encode(submit))
+        ended = False  # done, or failed: the router holds nothing to cancel
         try:
             while asm.result is None:
-                delta = asm.apply(await self._get(box, rid))
+                try:
+                    delta = asm.apply(await self._get(box, rid))
+                except TandemError:
+                    ended = True
+                    raise
                 if delta is not None:
                     yield delta
+            ended = True
         finally:
             self._boxes.pop(rid, None)
+            if not ended:  # the caller left early: free the worker's slot
+                self.cancel(rid)
 
     def _box(self, rid: str | None) -> asyncio.Queue[p.Message]:
         if self._reader is None or self._reader.done():
