@@ -169,9 +169,11 @@ def top(router_addr: str, interval_s: float, once: bool) -> None:
         if once:
             console.print(frame(c))
             return
-        with keys() as read_key, Live(frame(c), console=console, screen=True) as live:
-            try:
-                while read_key(interval_s) not in ("q", "Q"):
-                    live.update(frame(c))
-            except KeyboardInterrupt:
-                pass
+        # Ctrl-C may land anywhere (a status call, a redraw): catch it around it all.
+        with (
+            contextlib.suppress(KeyboardInterrupt),
+            keys() as read_key,
+            Live(frame(c), console=console, screen=True) as live,
+        ):
+            while read_key(interval_s) not in ("q", "Q"):
+                live.update(frame(c))
