@@ -187,9 +187,11 @@ class Gateway:
         try:
             role = reply.chat  # the first chat chunk carries the assistant role
             while isinstance(item, Delta):
-                if item.text or role:
-                    yield reply.chunk(item.text, role=role)
+                if role:
+                    yield reply.chunk(item.text, role=True)
                     role = False
+                elif item.text:
+                    yield reply.text_chunk(item.text)
                 item = await anext(events)
             ended.append(True)
             yield reply.chunk(None, item.finish_reason)

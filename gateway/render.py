@@ -45,6 +45,7 @@ class Reply:
     request_id: str
     model: str
     created: int = field(default_factory=lambda: int(time.time()))
+    _cut: tuple[bytes, bytes] | None = field(default=None, repr=False)
 
     @property
     def id(self) -> str:
@@ -83,6 +84,17 @@ class Reply:
         choice["logprobs"] = None
         choice["finish_reason"] = finish_reason(finish) if finish else None
         return sse({**self._head(self._chunk_object), "choices": [choice]})
+
+    def text_chunk(self, text: str) -> bytes:
+        """``chunk(text)``, from a template cut once per request: a stream sends one
+        chunk per token, and encoding only the text keeps the gateway's cost per token
+        low (the overhead goal is >= 0.95x the Python client's tokens/s)."""
+        if self._cut is None:
+            marker = "\x00tandem-text\x00"
+            head, tail = self.chunk(marker).split(json.dumps(marker).encode())
+            self._cut = (head, tail)
+        head, tail = self._cut
+        return head + json.dumps(text).encode() + tail
 
     def usage_chunk(self, result: Result) -> bytes:
         """The last chunk when stream_options.include_usage: no choices, the usage."""
