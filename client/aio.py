@@ -77,6 +77,8 @@ class AsyncClient:
 
     async def status(self) -> p.StatusReply:
         box = self._box(None)
+        while not box.empty():  # a reply to an earlier status call that timed out
+            box.get_nowait()
         await self._sock.send(p.encode(p.StatusQuery()))
         msg = await self._get(box, None)
         if isinstance(msg, p.Error):
