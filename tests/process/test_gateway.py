@@ -36,7 +36,8 @@ def served():
     ) as c:
         c.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         c.url = c.start_gateway()
-        c.keyed_url = c.start_gateway("gateway-keyed", ("--api-key", KEY))
+        # Keyed, and admitting one request at a time (for the 429 test).
+        c.keyed_url = c.start_gateway("gateway-keyed", ("--api-key", KEY, "--max-concurrent", "1"))
         yield c
 
 
@@ -170,6 +171,26 @@ def test_api_key_is_required_when_set(served):
     assert status == 401 and body["error"]["code"] == "invalid_api_key"
     assert sdk(served.keyed_url, KEY).models.list().data
     assert call(f"{served.keyed_url}/health")[0] == 200  # health stays open
+
+
+def test_over_max_concurrent_is_a_429(served):
+    client = sdk(served.keyed_url, KEY)
+    kw = dict(model="SmolLM2-135M-Instruct.Q4_1.gguf", prompt="Once upon a time", temperature=0)
+    with client.completions.create(
+        **kw, max_tokens=500, stream=True, extra_body={"ignore_eos": True}
+    ) as first:
+        next(iter(first))  # admitted and running
+        with pytest.raises(openai.RateLimitError) as e:
+            client.completions.create(**kw, max_tokens=2)
+        assert e.value.status_code == 429
+    # The first one is closed: once the gateway has seen the disconnect, a slot is free.
+    for _ in range(100):
+        try:
+            r = client.completions.create(**kw, max_tokens=2)
+            break
+        except openai.RateLimitError:
+            time.sleep(0.1)
+    assert r.usage.completion_tokens == 2
 
 
 def test_no_worker_is_a_503():

@@ -3,12 +3,15 @@ tandem error codes -> HTTP statuses."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
+from starlette.requests import Request
 
 from tandem.client.errors import NoWorkers, Overloaded, PromptTooLong, TandemError
 from tandem.client.session import Result
+from tandem.gateway.app import Gateway
 from tandem.gateway.config import GatewayConfig
 from tandem.gateway.errors import ApiError
 from tandem.gateway.parse import parse_chat, parse_completion
@@ -165,3 +168,18 @@ def test_config_is_validated(kwargs):
         GatewayConfig("tcp://127.0.0.1:5555", **kwargs)
     with pytest.raises(ValueError):
         GatewayConfig("127.0.0.1:5555")
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_bodies_over_the_limit_are_a_413(declared):
+    gw = Gateway(GatewayConfig("tcp://127.0.0.1:5555", max_body_bytes=1024))
+    pieces = [b"x" * 600, b"x" * 600]
+    headers = [(b"content-length", b"1200")] if declared else []
+
+    async def receive():
+        return {"type": "http.request", "body": pieces.pop(0), "more_body": bool(pieces)}
+
+    request = Request({"type": "http", "method": "POST", "headers": headers}, receive)
+    with pytest.raises(ApiError) as e:
+        asyncio.run(gw.body(request))
+    assert e.value.status == 413 and e.value.code == "body_too_large"
