@@ -209,8 +209,12 @@ class Gateway:
         names = {str(w["model"]) for w in st.workers}
         if names:
             names |= set(self.cfg.model_aliases)
-        data = [{"id": n, "object": "model", "created": 0, "owned_by": "tandem"} for n in names]
-        return JSONResponse({"object": "list", "data": sorted(data, key=lambda m: m["id"])})
+        return JSONResponse({"object": "list", "data": [_model(n) for n in sorted(names)]})
+
+    async def model(self, request: Request) -> Response:
+        """``GET /v1/models/{id}``: the model, or 404 (503 without workers)."""
+        self.authorize(request)
+        return JSONResponse(_model(await self.served_model(request.path_params["model"])))
 
     async def health(self, request: Request) -> Response:
         try:
@@ -245,12 +249,17 @@ def build_app(cfg: GatewayConfig) -> Starlette:
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", gw.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", gw.model, methods=["GET"]),
         Route("/health", gw.health, methods=["GET"]),
     ]
     handlers = {ApiError: _api_error, Exception: _internal_error}
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)  # type: ignore[arg-type]
     app.state.gateway = gw
     return app
+
+
+def _model(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "tandem"}
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

@@ -77,6 +77,7 @@ def counting(n: int) -> str:
 def test_chat_completion_has_text_usage_and_ids(served):
     client = sdk(served.url)
     model = client.models.list().data[0].id
+    assert client.models.retrieve(model).id == model
     r = client.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": "Name three primary colors."}],
@@ -301,29 +302,16 @@ def test_metrics_parse_and_move_with_traffic(served):
     assert after[adv] > 0
 
 
-def test_top_shows_the_workers_and_quits_on_q(served):
+@pytest.mark.parametrize("quit_with", ["q", "ctrl-c"])
+def test_top_shows_the_workers_and_quits(served, quit_with):
     pexpect = pytest.importorskip("pexpect")
     args = ["-m", "tandem", "top", "--router", served.client_addr, "--interval-s", "0.3"]
-    child = pexpect.spawn(
-        sys.executable, args, dimensions=(40, 120), timeout=30, env={**os.environ, "TERM": "xterm"}
-    )
+    env = {**os.environ, "TERM": "xterm"}
+    child = pexpect.spawn(sys.executable, args, dimensions=(40, 120), timeout=30, env=env)
     try:
         child.expect("cpu0")
         child.expect("req/s")
-        child.send("q")
-        child.expect(pexpect.EOF)
-    finally:
-        child.close(force=True)
-    assert child.exitstatus == 0
-
-
-def test_top_quits_on_ctrl_c(served):
-    pexpect = pytest.importorskip("pexpect")
-    args = ["-m", "tandem", "top", "--router", served.client_addr, "--interval-s", "0.3"]
-    child = pexpect.spawn(sys.executable, args, dimensions=(40, 120), timeout=30)
-    try:
-        child.expect("cpu0")
-        child.sendintr()
+        child.sendintr() if quit_with == "ctrl-c" else child.send("q")
         child.expect(pexpect.EOF)
     finally:
         child.close(force=True)
