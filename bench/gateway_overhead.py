@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import click
+import psutil
 
 from tandem.client import AsyncClient
 from tandem.launcher.cluster import Cluster, WorkerSpec
@@ -90,19 +91,31 @@ async def via_http(port: int, text: str, max_tokens: int) -> Run:
     return Run(first - t0, time.perf_counter() - t0, tokens)
 
 
-async def measure(client_addr: str, port: int, n: int, conc: int, rounds: int, max_tok: int):
+async def measure(
+    client_addr: str,
+    port: int,
+    gateway: psutil.Process,
+    n: int,
+    conc: int,
+    rounds: int,
+    max_tok: int,
+):
+    cpu = {"seq": 0.0, "agg": 0.0}  # the gateway process's CPU seconds in each phase
     async with AsyncClient(client_addr) as c:
         paths = {
             "client": lambda t, m: via_client(c, t, m),
             "http": lambda t, m: via_http(port, t, m),
         }
         seq: dict[str, list[Run]] = {"client": [], "http": []}
+        cpu0 = _cpu_s(gateway)
         for i in range(n):
             await via_client(c, prompt(i), 1)  # warm the prefix cache for both paths
             order = ("client", "http") if i % 2 == 0 else ("http", "client")
             for name in order:
                 seq[name].append(await paths[name](prompt(i), max_tok))
+        cpu["seq"] = _cpu_s(gateway) - cpu0
         agg: dict[str, list[float]] = {"client": [], "http": []}
+        cpu0 = _cpu_s(gateway)
         for r in range(2 * rounds):
             name = ("client", "http")[r % 2]
             t0 = time.perf_counter()
@@ -110,10 +123,16 @@ async def measure(client_addr: str, port: int, n: int, conc: int, rounds: int, m
                 *(paths[name](prompt(1000 + r * conc + k), max_tok) for k in range(conc))
             )
             agg[name].append(sum(x.tokens for x in runs) / (time.perf_counter() - t0))
-    return seq, agg
+        cpu["agg"] = _cpu_s(gateway) - cpu0
+    return seq, agg, cpu
 
 
-def report(seq: dict, agg: dict, args: dict, load: tuple[float, float]) -> str:
+def _cpu_s(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+def report(seq: dict, agg: dict, cpu: dict, args: dict, load: tuple[float, float]) -> str:
     def p90_ms(xs: list[float]) -> float:
         return 1e3 * statistics.quantiles(xs, n=10)[8]
 
@@ -130,6 +149,9 @@ def report(seq: dict, agg: dict, args: dict, load: tuple[float, float]) -> str:
         - statistics.median(r.ttft_s for r in seq["client"])
     )
     ratio = statistics.median(agg["http"]) / statistics.median(agg["client"])
+    # Every request runs to its budget (ignore_eos), so the HTTP rounds carried this many.
+    http_tokens = args["rounds"] * args["concurrency"] * args["max_tokens"]
+    n_http = len(seq["http"])
     single = statistics.median(
         (r.tokens - 1) / (r.total_s - r.ttft_s) for r in seq["http"]
     ) / statistics.median((r.tokens - 1) / (r.total_s - r.ttft_s) for r in seq["client"])
@@ -146,6 +168,11 @@ def report(seq: dict, agg: dict, args: dict, load: tuple[float, float]) -> str:
             f"Added TTFT (median HTTP - median client): **{added:.2f} ms**; "
             f"tokens/s HTTP/client: **{ratio:.3f}x** at {args['concurrency']} streams, "
             f"**{single:.3f}x** for one stream.",
+            "",
+            f"Gateway CPU (user + system, whole process): {1e3 * cpu['seq'] / n_http:.2f} ms per "
+            f"{args['max_tokens']}-token streamed request at concurrency 1; "
+            f"{1e6 * cpu['agg'] / http_tokens:.0f} us per token at "
+            f"{args['concurrency']} streams.",
         ]
     )
 
@@ -171,8 +198,11 @@ def main(backend, profile, threads, n, concurrency, rounds, max_tokens, out) -> 
     with Cluster(workers=[WorkerSpec("w0", worker)], transport="tcp") as c:
         url = c.start_gateway()
         port = int(url.rsplit(":", 1)[1])
-        seq, agg = asyncio.run(measure(c.client_addr, port, n, concurrency, rounds, max_tokens))
-    text = report(seq, agg, args, (load0, os.getloadavg()[0]))
+        gateway = psutil.Process(c.procs["gateway"].pid)
+        seq, agg, cpu = asyncio.run(
+            measure(c.client_addr, port, gateway, n, concurrency, rounds, max_tokens)
+        )
+    text = report(seq, agg, cpu, args, (load0, os.getloadavg()[0]))
     click.echo(text)
     if out:
         with open(Path(out), "a") as f:

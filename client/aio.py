@@ -116,6 +116,8 @@ class AsyncClient:
         return self._boxes.setdefault(rid, asyncio.Queue())
 
     async def _get(self, box: asyncio.Queue[p.Message], rid: str | None) -> p.Message:
+        if not box.empty():  # tokens often arrive in bursts: skip wait_for's task and timer
+            return box.get_nowait()
         try:
             return await asyncio.wait_for(box.get(), self.timeout_s)
         except TimeoutError:
