@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -252,7 +253,7 @@ def build_app(cfg: GatewayConfig) -> Starlette:
         Route("/v1/models/{model:path}", gw.model, methods=["GET"]),
         Route("/health", gw.health, methods=["GET"]),
     ]
-    handlers = {ApiError: _api_error, Exception: _internal_error}
+    handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)  # type: ignore[arg-type]
     app.state.gateway = gw
     return app
@@ -265,6 +266,13 @@ def _model(name: str) -> dict[str, Any]:
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
     return JSONResponse(exc.body(), exc.status)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    # Starlette's own refusals (no such path, wrong method) in OpenAI's shape too.
+    assert isinstance(exc, HTTPException)
+    body = ApiError(exc.status_code, str(exc.detail)).body()
+    return JSONResponse(body, exc.status_code)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
