@@ -195,13 +195,14 @@ class Gateway:
                     yield reply.text_chunk(item.text)
                 item = await anext(events)
             ended.append(True)
-            yield reply.chunk(None, item.finish_reason)
+            # The closing events in one write: the client sees the end at once.
+            tail = reply.chunk(None, item.finish_reason)
             if gen.include_usage:
-                yield reply.usage_chunk(item)
+                tail += reply.usage_chunk(item)
         except TandemError as exc:  # after a 200 went out, errors travel as an event
             ended.append(True)
-            yield sse(ApiError.from_tandem(exc).body())
-        yield DONE_EVENT
+            tail = sse(ApiError.from_tandem(exc).body())
+        yield tail + DONE_EVENT
 
     # ------------------------------------------------------------ other endpoints
     async def models(self, request: Request) -> Response:
