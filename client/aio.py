@@ -59,8 +59,12 @@ class AsyncClient:
 
         Leaving the loop early (break, task cancelled) cancels the request."""
         out: dict[str, Assembly] = {}
-        async for delta in self._run(prompt, kwargs, out):
-            yield delta
+        run = self._run(prompt, kwargs, out)
+        try:
+            async for delta in run:
+                yield delta
+        finally:  # closing this generator closes _run now, not when it is collected
+            await run.aclose()
         result = out["asm"].result
         assert result is not None
         yield result
