@@ -51,6 +51,7 @@ class Gateway:
         self._status: p.StatusReply | None = None
         self._status_at = 0.0
         self._status_lock: asyncio.Lock | None = None
+        self._refresh: asyncio.Future[None] | None = None
 
     async def start(self) -> None:
         self.client = AsyncClient(self.cfg.router, timeout_s=self.cfg.request_timeout_s)
@@ -81,10 +82,16 @@ class Gateway:
             return self._status
 
     async def served_model(self, asked: str | None) -> str:
-        """The model name to answer with; 503 without workers, 404 for another model."""
-        st = await self.status()
-        if not st.workers:  # perhaps one joined since: ask again before refusing
+        """The model name to answer with; 503 without workers, 404 for another model.
+
+        A cached status that lists workers answers at once (refreshed in the
+        background once stale), so requests do not wait on a status round trip;
+        one that lists none is asked again first (a worker may have joined)."""
+        st = self._status
+        if st is None or not st.workers:
             st = await self.status(fresh=True)
+        elif time.monotonic() - self._status_at > self.cfg.status_ttl_s:
+            self._refresh_in_background()
         if not st.workers:
             raise ApiError(503, "no worker is connected to the router", "service_unavailable")
         model = str(st.workers[0]["model"])
@@ -96,6 +103,16 @@ class Gateway:
             param="model",
             code="model_not_found",
         )
+
+    def _refresh_in_background(self) -> None:
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.ensure_future(self._quiet_refresh())
+
+    async def _quiet_refresh(self) -> None:
+        try:
+            await self.status(fresh=True)
+        except ApiError as exc:  # the next request that needs it will see the failure
+            log.warning("router status: %s", exc.message)
 
     # ------------------------------------------------------------ admission
     def admit(self) -> None:
@@ -122,7 +139,8 @@ class Gateway:
 
     async def body(self, request: Request) -> Any:
         limit = self.cfg.max_body_bytes
-        if int(request.headers.get("content-length") or 0) > limit:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
             raise ApiError(413, f"request body over {limit} bytes", code="body_too_large")
         raw = bytearray()
         async for piece in request.stream():
