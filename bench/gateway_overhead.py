@@ -7,8 +7,9 @@ the Python client, against the same cluster, interleaved so drift hits both alik
 - Tokens/s at concurrency C: rounds of C parallel streams, alternating the path per
   round; aggregate = output tokens / round wall time.
 
-The HTTP side is a minimal asyncio SSE reader (no SDK), so what is measured is the
-gateway, not a client library's parsing.
+The HTTP side is a minimal asyncio SSE reader (no SDK) on kept-alive connections,
+as SDKs pool theirs, so what is measured is the gateway, not a client library's
+parsing or TCP connection set-up.
 
     python -m tandem.bench.gateway_overhead --backend sim --out docs/results/gateway-overhead.md
 """
@@ -52,43 +53,56 @@ async def via_client(c: AsyncClient, text: str, max_tokens: int) -> Run:
     return Run(first - t0, time.perf_counter() - t0, n)
 
 
-async def via_http(port: int, text: str, max_tokens: int) -> Run:
-    """POST /v1/completions with stream=true; reads the chunked SSE body by hand."""
-    body = json.dumps(
-        {
-            "prompt": text,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-    ).encode()
-    t0 = time.perf_counter()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    head = (
-        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    writer.write(head.encode() + body)
-    first, tokens = 0.0, 0
-    try:
+class Http:
+    """One kept-alive HTTP/1.1 connection to the gateway (as SDKs pool theirs)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def stream(self, text: str, max_tokens: int) -> Run:
+        """POST /v1/completions with stream=true; decodes the chunked SSE body by hand."""
+        body = json.dumps(
+            {
+                "prompt": text,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        ).encode()
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        t0 = time.perf_counter()
+        if self.conn is None:
+            self.conn = await asyncio.open_connection("127.0.0.1", self.port)
+        reader, writer = self.conn
+        writer.write(head.encode() + body)
         status = await reader.readline()
         if b" 200 " not in status:
             raise RuntimeError(f"gateway answered {status!r}")
-        while (await reader.readline()) not in (b"\r\n", b""):
-            pass  # headers
-        async for line in reader:  # chunk sizes and SSE lines, interleaved
-            if not line.startswith(b"data: {"):
-                continue
-            event = json.loads(line[6:])
-            if event.get("usage"):
-                tokens = event["usage"]["completion_tokens"]
-            elif not first and event["choices"][0]["text"]:
-                first = time.perf_counter()
-    finally:
-        writer.close()
-    return Run(first - t0, time.perf_counter() - t0, tokens)
+        while (await reader.readline()) != b"\r\n":
+            pass  # headers (the body is chunked)
+        first, tokens = 0.0, 0
+        while size := int(await reader.readline(), 16):
+            chunk = await reader.readexactly(size + 2)  # + CRLF
+            for line in chunk.split(b"\n"):
+                if not line.startswith(b"data: {"):
+                    continue
+                event = json.loads(line[6:])
+                if event.get("usage"):
+                    tokens = event["usage"]["completion_tokens"]
+                elif not first and event["choices"][0]["text"]:
+                    first = time.perf_counter()
+        await reader.readexactly(2)  # the CRLF after the last chunk
+        return Run(first - t0, time.perf_counter() - t0, tokens)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn[1].close()
 
 
 async def measure(
@@ -101,10 +115,11 @@ async def measure(
     max_tok: int,
 ):
     cpu = {"seq": 0.0, "agg": 0.0}  # the gateway process's CPU seconds in each phase
+    pool = [Http(port) for _ in range(conc)]  # one kept-alive connection per stream slot
     async with AsyncClient(client_addr) as c:
         paths = {
-            "client": lambda t, m: via_client(c, t, m),
-            "http": lambda t, m: via_http(port, t, m),
+            "client": lambda t, m, k=0: via_client(c, t, m),
+            "http": lambda t, m, k=0: pool[k].stream(t, m),
         }
         seq: dict[str, list[Run]] = {"client": [], "http": []}
         cpu0 = _cpu_s(gateway)
@@ -120,10 +135,12 @@ async def measure(
             name = ("client", "http")[r % 2]
             t0 = time.perf_counter()
             runs = await asyncio.gather(
-                *(paths[name](prompt(1000 + r * conc + k), max_tok) for k in range(conc))
+                *(paths[name](prompt(1000 + r * conc + k), max_tok, k) for k in range(conc))
             )
             agg[name].append(sum(x.tokens for x in runs) / (time.perf_counter() - t0))
         cpu["agg"] = _cpu_s(gateway) - cpu0
+    for h in pool:
+        h.close()
     return seq, agg, cpu
 
 
