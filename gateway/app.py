@@ -52,6 +52,7 @@ class Gateway:
         self._status_at = 0.0
         self._status_lock: asyncio.Lock | None = None
         self._refresh: asyncio.Future[None] | None = None
+        self._failed: tuple[float, ApiError] | None = None  # the last failed query
 
     async def start(self) -> None:
         self.client = AsyncClient(self.cfg.router, timeout_s=self.cfg.request_timeout_s)
@@ -67,17 +68,22 @@ class Gateway:
 
     # ------------------------------------------------------------ router status
     async def status(self, fresh: bool = False) -> p.StatusReply:
-        """The router's status, at most ``status_ttl_s`` old unless ``fresh``."""
+        """The router's status, at most ``status_ttl_s`` old; ``fresh``: asked after this
+        call began. Callers queued behind one query share its answer (or its failure),
+        so a router that does not answer costs a burst one timeout, not one each."""
         assert self.status_client is not None and self._status_lock is not None
+        asked = time.monotonic()
         async with self._status_lock:
-            age_s = time.monotonic() - self._status_at
-            if fresh or self._status is None or age_s > self.cfg.status_ttl_s:
+            if self._failed is not None and self._failed[0] >= asked:
+                raise self._failed[1]
+            oldest_ok = asked if fresh else time.monotonic() - self.cfg.status_ttl_s
+            if self._status is None or self._status_at < oldest_ok:
                 try:
                     self._status = await self.status_client.status()
                 except TandemError as exc:
-                    raise ApiError(
-                        503, f"the router does not answer: {exc}", "service_unavailable"
-                    ) from None
+                    err = ApiError(503, f"the router does not answer: {exc}", "service_unavailable")
+                    self._failed = (time.monotonic(), err)
+                    raise err from None
                 self._status_at = time.monotonic()
             return self._status
 

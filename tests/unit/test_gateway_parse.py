@@ -1,5 +1,5 @@
-"""The gateway's pure parts: OpenAI bodies -> Submit options, results -> OpenAI shapes,
-tandem error codes -> HTTP statuses."""
+"""The gateway without processes: OpenAI bodies -> Submit options, results -> OpenAI
+shapes, tandem error codes -> HTTP statuses, body limits, shared status queries."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import json
 import pytest
 from starlette.requests import Request
 
-from tandem.client.errors import NoWorkers, Overloaded, PromptTooLong, TandemError
+from tandem.client.errors import NoWorkers, Overloaded, PromptTooLong, RequestTimeout, TandemError
 from tandem.client.session import Result
+from tandem.common import protocol as p
 from tandem.gateway.app import Gateway
 from tandem.gateway.config import GatewayConfig
 from tandem.gateway.errors import ApiError
@@ -183,3 +184,43 @@ def test_bodies_over_the_limit_are_a_413(declared):
     with pytest.raises(ApiError) as e:
         asyncio.run(gw.body(request))
     assert e.value.status == 413 and e.value.code == "body_too_large"
+
+
+class SlowStatus:
+    """A stand-in for the gateway's status client: counts queries, fails or answers."""
+
+    def __init__(self, fail: bool) -> None:
+        self.fail, self.calls = fail, 0
+
+    async def status(self) -> p.StatusReply:
+        self.calls += 1
+        await asyncio.sleep(0.01)
+        if self.fail:
+            raise RequestTimeout("no reply for 3.0s")
+        return p.StatusReply("phase_cost", [{"model": "m.gguf"}])
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_a_burst_shares_one_status_query(fail):
+    gw = Gateway(GatewayConfig("tcp://127.0.0.1:5555"))
+
+    async def burst() -> list:
+        await gw.start()
+        await gw.status_client.close()  # type: ignore[union-attr]
+        gw.status_client = SlowStatus(fail)  # type: ignore[assignment]
+        try:
+            return await asyncio.gather(
+                *(gw.served_model(None) for _ in range(5)), return_exceptions=True
+            )
+        finally:
+            await gw.stop()
+
+    out = asyncio.run(burst())
+    assert gw.status_client.calls == 1
+    if fail:
+        assert all(isinstance(x, ApiError) and x.status == 503 for x in out)
+    else:
+        assert out == ["m.gguf"] * 5
