@@ -19,7 +19,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -30,7 +29,7 @@ from tandem.client.session import Delta, Result
 from tandem.common import protocol as p
 from tandem.gateway.config import GatewayConfig
 from tandem.gateway.disconnect import ClientGone, EventStream, unless_disconnected
-from tandem.gateway.errors import ApiError
+from tandem.gateway.errors import EXCEPTION_HANDLERS, ApiError
 from tandem.gateway.parse import Generation, parse_chat, parse_completion
 from tandem.gateway.render import DONE_EVENT, Reply, sse
 
@@ -278,28 +277,10 @@ def build_app(cfg: GatewayConfig) -> Starlette:
         Route("/v1/models/{model:path}", gw.model, methods=["GET"]),
         Route("/health", gw.health, methods=["GET"]),
     ]
-    handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
-    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)  # type: ignore[arg-type]
+    app = Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)  # type: ignore[arg-type]
     app.state.gateway = gw
     return app
 
 
 def _model(name: str) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": 0, "owned_by": "tandem"}
-
-
-async def _api_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ApiError)
-    return JSONResponse(exc.body(), exc.status)
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    # Starlette's own refusals (no such path, wrong method) in OpenAI's shape too.
-    assert isinstance(exc, HTTPException)
-    body = ApiError(exc.status_code, str(exc.detail)).body()
-    return JSONResponse(body, exc.status_code)
-
-
-async def _internal_error(request: Request, exc: Exception) -> Response:
-    log.exception("gateway failed on %s %s", request.method, request.url.path, exc_info=exc)
-    return JSONResponse(ApiError.internal(f"internal error: {exc}").body(), 500)

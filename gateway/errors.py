@@ -6,7 +6,12 @@ OpenAI API (the `openai` SDK raises one exception class per status) read them as
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from tandem.client.errors import TandemError
 from tandem.common import protocol as p
@@ -24,6 +29,7 @@ _BY_CODE: dict[str, tuple[int, str]] = {
     "timeout": (504, "timeout"),
 }
 _OPENAI_CODE = {p.PROMPT_TOO_LONG: "context_length_exceeded"}
+log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
@@ -68,3 +74,24 @@ class ApiError(Exception):
     @classmethod
     def internal(cls, message: str = "internal error") -> ApiError:
         return cls(500, message, "server_error", code="internal")
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return JSONResponse(exc.body(), exc.status)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    # Starlette's own refusals (no such path, wrong method) in OpenAI's shape too.
+    assert isinstance(exc, HTTPException)
+    body = ApiError(exc.status_code, str(exc.detail)).body()
+    return JSONResponse(body, exc.status_code)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("gateway failed on %s %s", request.method, request.url.path, exc_info=exc)
+    return JSONResponse(ApiError.internal(f"internal error: {exc}").body(), 500)
+
+
+# Starlette's exception handlers: every failure answers in OpenAI's shape.
+EXCEPTION_HANDLERS = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
