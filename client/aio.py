@@ -56,12 +56,14 @@ class AsyncClient:
 
     async def events(
         self, prompt: str | None = None, **kwargs: Any
-    ) -> AsyncIterator[Delta | Result]:
-        """Yields Deltas as they arrive, then the final Result (usage, finish reason).
+    ) -> AsyncIterator[p.Accepted | Delta | Result]:
+        """Yields the router's Accepted (worker chosen, prompt tokens; errors found
+        before routing raise instead), the Deltas as they arrive, then the final
+        Result (usage, finish reason).
 
         Leaving the loop early (break, task cancelled) cancels the request."""
         out: dict[str, Assembly] = {}
-        run = self._run(prompt, kwargs, out)
+        run = self._run(prompt, kwargs, out, accepted=True)
         try:
             async for delta in run:
                 yield delta
@@ -93,7 +95,10 @@ class AsyncClient:
             raise TandemError(f"unexpected reply {msg.TYPE}")
         return msg
 
-    async def _run(self, prompt: str | None, kwargs: dict, out: dict) -> AsyncIterator[Delta]:
+    async def _run(
+        self, prompt: str | None, kwargs: dict, out: dict, accepted: bool = False
+    ) -> AsyncIterator[Any]:
+        """Deltas of one request (and its Accepted first, with ``accepted``)."""
         kwargs.setdefault("stream", True)
         submit = make_submit(prompt, **kwargs)
         rid = submit.request_id
@@ -103,13 +108,16 @@ class AsyncClient:
         ended = False  # done, or failed: the router holds nothing to cancel
         try:
             while asm.result is None:
+                msg = await self._get(box, rid)
                 try:
-                    delta = asm.apply(await self._get(box, rid))
+                    delta = asm.apply(msg)
                 except TandemError:
                     ended = True
                     raise
                 if delta is not None:
                     yield delta
+                elif accepted and isinstance(msg, p.Accepted):
+                    yield msg
             ended = True
         finally:
             self._boxes.pop(rid, None)

@@ -182,11 +182,16 @@ class Gateway:
         return await self.client.generate(request_id=reply.request_id, **gen.options, stream=False)
 
     async def _stream(self, request: Request, gen: Generation, reply: Reply) -> Response:
-        """Wait for the first token (so errors still get their status), then stream."""
+        """Wait until the router accepts the request (every refusal before that still
+        gets its HTTP status), then stream: the first token then goes from the router's
+        socket to the HTTP connection inside the streaming task, without waking this
+        handler in between (TTFT)."""
         assert self.client is not None
         events = self.client.events(request_id=reply.request_id, **gen.options, stream=True)
         try:
             first = await unless_disconnected(request, anext(events))
+            if isinstance(first, p.Accepted):
+                first = None  # nothing to show yet: the stream starts with its first token
         except BaseException:
             self.release()
             raise
@@ -202,14 +207,16 @@ class Gateway:
 
     async def _events(
         self,
-        events: AsyncIterator[Delta | Result],
-        item: Delta | Result,
+        events: AsyncIterator[p.Accepted | Delta | Result],
+        item: Delta | Result | None,
         gen: Generation,
         reply: Reply,
         ended: list[bool],
     ) -> AsyncIterator[bytes]:
         try:
             role = reply.chat  # the first chat chunk carries the assistant role
+            if item is None:
+                item = await anext(events)  # type: ignore[assignment]
             while isinstance(item, Delta):
                 if role:
                     yield reply.chunk(item.text, role=True)
