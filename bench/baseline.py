@@ -21,6 +21,7 @@ import numpy as np
 
 from tandem.client import AsyncClient
 from tandem.common.model_files import default_model_path
+from tandem.common.protocol import SamplingParams
 from tandem.common.tokenizer import TextTokenizer, tokenizer_spec_from_gguf
 from tandem.launcher.cluster import Cluster, WorkerSpec
 
@@ -82,7 +83,9 @@ def engine_decode_tok_s(
     try:
         engine = Engine(backend, EngineConfig(), lambda msg: None, "bench")
         for i in range(batch):
-            engine.submit(Request(f"r{i}", prompt + [i], n_out, ignore_eos=True))
+            engine.submit(
+                Request(f"r{i}", prompt + [i], SamplingParams(max_tokens=n_out, ignore_eos=True))
+            )
         engine.step()  # every prompt's prefill (they fit one step) and first tokens
         t0 = time.perf_counter()
         while engine.active or engine.queue:

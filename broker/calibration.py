@@ -3,8 +3,8 @@
 Both are options of the router and change only what the policy *sees*: the
 requests themselves still carry their real ``max_tokens``.
 
-Rates (``--calibrate``, off by default until a benchmark shows it beats the
-static profiles): each finished request is one measurement. Its decode took
+Rates (``--calibrate``, on by default; ``--no-calibrate`` prices by the advertised
+rates alone): each finished request is one measurement. Its decode took
 ``decode_s`` for ``output_tokens - 1`` steps while about ``b`` requests decoded
 together (b = the time-weighted mean of the active counts the worker's heartbeats
 reported over that window), so the worker's aggregate decode rate at batch b is

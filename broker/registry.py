@@ -9,6 +9,7 @@ therefore do not all see the same stale state.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +42,7 @@ class Routed:
         self.next_sample = self.tokens_seen + PROGRESS_EVERY
         return True
 
-    def load(self, reported: dict[str, Any] | None, queued: bool = False) -> Load:
+    def load(self, reported: p.RequestRow | None, queued: bool = False) -> Load:
         """This request's remaining work: the heartbeat's numbers, or the ledger's.
 
         ``queued``: the heartbeat lists it as queued. The worker matches its prefix
@@ -51,10 +52,10 @@ class Routed:
         budget = 0 if self.prefill_only else self.max_tokens - self.tokens_seen
         if reported is None:  # not in a heartbeat yet: keep what routing assumed
             return Load(self.prompt_tokens - self.cached_estimate, budget)
-        prefill = int(reported.get("prefill_remaining", 0))
+        prefill = reported.prefill_remaining
         if queued:
             prefill -= self.cached_estimate
-        return Load(max(0, prefill), max(0, min(int(reported.get("decode_remaining", 0)), budget)))
+        return Load(max(0, prefill), max(0, min(reported.decode_remaining, budget)))
 
 
 @dataclass
@@ -86,8 +87,8 @@ class WorkerState:
         reported = {}
         listed_active: set[str] = set()
         if hb is not None:
-            reported = {r.get("id"): r for r in hb.active + hb.queued}
-            listed_active = {r.get("id") for r in hb.active}
+            reported = {r.id: r for r in hb.active + hb.queued}
+            listed_active = {r.id for r in hb.active}
         active, queued = [], []
         for wid, routed in self.inflight.items():
             load = routed.load(reported.get(wid), queued=wid not in listed_active)
@@ -129,21 +130,22 @@ class WorkerState:
             "prefill_tok_s": self.info.prefill_tok_s,
             "decode_tok_s": list(self.info.decode_tok_s),
             "last_seen_s": round(time.monotonic() - self.last_seen, 3),
-            "requests": hb.active + hb.queued if hb else [],
+            "requests": [dataclasses.asdict(r) for r in hb.active + hb.queued] if hb else [],
         }
 
 
-def ready_problem(ready: p.Ready, model: str | None, have_tokenizer: bool) -> str | None:
+def ready_problem(ready: p.Ready, model: str | None, have_tokenizer: bool) -> p.Problem | None:
     """Why the router refuses this Ready (``model``: the one it already serves), or None."""
+    bad = p.Problem.bad_request
     if model is not None and ready.model != model:
-        return f"this router serves {model!r}; worker has {ready.model!r}"
+        return bad(f"this router serves {model!r}; worker has {ready.model!r}")
     if ready.max_active < 1 or ready.n_ctx < 1 or ready.block_size < 1:
-        return "max_active, n_ctx and block_size must be >= 1"
+        return bad("max_active, n_ctx and block_size must be >= 1")
     if ready.prefill_tok_s <= 0 or not ready.decode_tok_s or min(ready.decode_tok_s) <= 0:
-        return "rates must be positive"
+        return bad("rates must be positive")
     if not have_tokenizer:  # the first worker's tokenizer becomes the router's
         try:
             TokenizerSpec.from_wire(ready.tokenizer)
         except (ValueError, KeyError, TypeError) as exc:
-            return f"unusable tokenizer: {exc}"
+            return bad(f"unusable tokenizer: {exc}")
     return None

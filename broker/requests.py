@@ -8,34 +8,23 @@ from typing import Any
 from tandem.common import protocol as p
 from tandem.common.tokenizer import TextTokenizer
 
-MAX_STOP_STRINGS = 16
 MAX_REROUTES = 2  # a request that killed two workers is not sent to a third
 
 
-def validate_submit(msg: p.Submit) -> str | None:
-    """A human-readable problem with ``msg``, or None when it can be routed."""
+def validate_submit(msg: p.Submit) -> p.Problem | None:
+    """What keeps ``msg`` from being routed, or None."""
     given = [x is not None for x in (msg.prompt, msg.tokens, msg.messages)]
     if sum(given) != 1:
-        return "give exactly one of prompt, tokens or messages"
+        return p.Problem.bad_request("give exactly one of prompt, tokens or messages")
     if not msg.request_id:
-        return "request_id must be a non-empty string"
+        return p.Problem.bad_request("request_id must be a non-empty string")
     if msg.prompt is not None and not msg.prompt:
-        return "the prompt is empty"
+        return p.Problem.bad_request("the prompt is empty")
     if msg.tokens is not None and not msg.tokens:
-        return "tokens is empty"
+        return p.Problem.bad_request("tokens is empty")
     if msg.messages is not None and not msg.messages:
-        return "messages is empty"
-    if not msg.prefill_only and msg.max_tokens < 1:
-        return "max_tokens must be >= 1"
-    if msg.temperature < 0:
-        return "temperature must be >= 0"
-    if not 0 < msg.top_p <= 1:
-        return "top_p must be in (0, 1]"
-    if msg.top_k < 0:
-        return "top_k must be >= 0"
-    if len(msg.stop) > MAX_STOP_STRINGS:
-        return f"at most {MAX_STOP_STRINGS} stop strings"
-    return None
+        return p.Problem.bad_request("messages is empty")
+    return msg.sampling.problem()
 
 
 @dataclass
@@ -72,7 +61,7 @@ class ClientRequest:
 
     @property
     def budget(self) -> int:
-        return 0 if self.submit.prefill_only else self.submit.max_tokens
+        return self.submit.sampling.budget
 
     def on_tokens(self, msg: p.TokenDelta, now: float) -> None:
         if not self.t_first and msg.token_ids:

@@ -131,12 +131,11 @@ class Router:
         key = (identity, msg.request_id)
         problem = validate_submit(msg)
         if problem is None and (key in self._by_client or self._is_pending(key)):
-            problem = f"request id {msg.request_id!r} is already in flight"
-            code = p.DUPLICATE_REQUEST
-        else:
-            code = p.BAD_REQUEST
+            problem = p.Problem(
+                p.DUPLICATE_REQUEST, f"request id {msg.request_id!r} is already in flight"
+            )
         if problem:
-            self.client_sock.send(identity, p.Error(code, problem, msg.request_id))
+            self.client_sock.send(identity, p.Error(problem.code, problem.message, msg.request_id))
             return
         req = ClientRequest(identity, msg, time.monotonic())
         req.deadline = req.received + self.cfg.no_worker_wait_s
@@ -149,7 +148,9 @@ class Router:
             for req in list(self.pending):
                 if (req.client, req.submit.request_id) == (identity, request_id):
                     self.pending.remove(req)
-                    self.client_sock.send(identity, p.Done(request_id, "cancelled", {}))
+                    self.client_sock.send(
+                        identity, p.Done(request_id, p.FinishReason.CANCELLED, {})
+                    )
             return  # unknown or finished: cancel is idempotent
         req = self.requests[wid]
         self.worker_sock.send(self.workers[req.worker_id].identity, p.Cancel(wid))
@@ -214,26 +215,16 @@ class Router:
         self._next_id += 1
         wid = f"{self._next_id:x}"
         cached = next(v.cached_tokens for v in views if v.id == w.id)
-        assign = p.Assign(
-            wid,
-            tokens,
-            req.budget,
-            sub.temperature,
-            sub.top_p,
-            sub.top_k,
-            sub.seed,
-            sub.stop,
-            sub.ignore_eos,
-            sub.prefill_only,
-            cached,
-        )
+        assign = p.Assign(request_id=wid, tokens=tokens, sampling=sub.sampling)
         if not self.worker_sock.send(w.identity, assign):
             self._drop_worker(w, "unreachable")
             self.pending.appendleft(req)
             return
         req.wid, req.worker_id, req.t_assigned = wid, w.id, time.monotonic()
         req.prompt_tokens, req.cached_estimate = len(tokens), cached
-        w.inflight[wid] = Routed(wid, w.id, len(tokens), req.budget, cached, sub.prefill_only)
+        w.inflight[wid] = Routed(
+            wid, w.id, len(tokens), req.budget, cached, sub.sampling.prefill_only
+        )
         w.routed_total += 1
         self.requests[wid] = req
         self._by_client[(req.client, sub.request_id)] = wid
@@ -269,8 +260,8 @@ class Router:
     def register(self, identity: bytes, ready: p.Ready) -> None:
         problem = ready_problem(ready, self.model, have_tokenizer=self.tokenizer is not None)
         if problem:
-            log.error("refusing worker %s: %s", ready.worker_id, problem)
-            self.worker_sock.send(identity, p.Error(p.BAD_REQUEST, problem))
+            log.error("refusing worker %s: %s", ready.worker_id, problem.message)
+            self.worker_sock.send(identity, p.Error(problem.code, problem.message))
             return
         old = self.workers.get(ready.worker_id)
         if old is not None and old.identity == identity and old.info == ready:

@@ -15,32 +15,73 @@ one to reply to). docs/PROTOCOL.md documents every message below.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, ClassVar, Union
 
 import msgpack
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
-# Error codes carried by Error.code (documented in docs/PROTOCOL.md).
-BAD_FRAME = "bad_frame"  # not msgpack / not a map / unknown type
-BAD_REQUEST = "bad_request"  # well-formed frame, invalid content
-VERSION_MISMATCH = "version_mismatch"
-PROMPT_TOO_LONG = "prompt_too_long"
-NO_WORKERS = "no_workers"
-DUPLICATE_REQUEST = "duplicate_request"
-WORKER_LOST = "worker_lost"
-WORKER_ERROR = "worker_error"  # the backend failed while running the request
-INTERNAL = "internal"  # the router hit a bug handling the request
-OVERLOADED = "overloaded"
+
+class ErrorCode(StrEnum):
+    """Why a request or frame failed (``Error.code``; documented in docs/PROTOCOL.md)."""
+
+    BAD_FRAME = "bad_frame"  # not msgpack / not a map / unknown type
+    BAD_REQUEST = "bad_request"  # well-formed frame, invalid content
+    VERSION_MISMATCH = "version_mismatch"
+    PROMPT_TOO_LONG = "prompt_too_long"
+    NO_WORKERS = "no_workers"
+    DUPLICATE_REQUEST = "duplicate_request"
+    WORKER_LOST = "worker_lost"
+    WORKER_ERROR = "worker_error"  # the backend failed while running the request
+    INTERNAL = "internal"  # the router hit a bug handling the request
+    OVERLOADED = "overloaded"
+
+
+class FinishReason(StrEnum):
+    """Why a request's stream ended (``Done.finish_reason``)."""
+
+    STOP = "stop"  # a stop string matched
+    LENGTH = "length"  # max_tokens produced
+    EOS = "eos"  # the model produced an end-of-generation token
+    CANCELLED = "cancelled"
+    PREFILL_ONLY = "prefill_only"  # the prompt was cached, nothing generated
+
+
+# Module-level names for the codes, as the rest of the code base spells them.
+BAD_FRAME, BAD_REQUEST = ErrorCode.BAD_FRAME, ErrorCode.BAD_REQUEST
+VERSION_MISMATCH, PROMPT_TOO_LONG = ErrorCode.VERSION_MISMATCH, ErrorCode.PROMPT_TOO_LONG
+NO_WORKERS, DUPLICATE_REQUEST = ErrorCode.NO_WORKERS, ErrorCode.DUPLICATE_REQUEST
+WORKER_LOST, WORKER_ERROR = ErrorCode.WORKER_LOST, ErrorCode.WORKER_ERROR
+INTERNAL, OVERLOADED = ErrorCode.INTERNAL, ErrorCode.OVERLOADED
+
+MAX_STOP_STRINGS = 16
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why something cannot be accepted: an error code and a human message.
+
+    Every validator returns ``Problem | None``; the receiver turns a Problem into
+    an ``Error`` reply (or a log line when there is no one to reply to).
+    """
+
+    code: ErrorCode
+    message: str
+
+    @classmethod
+    def bad_request(cls, message: str) -> Problem:
+        return cls(ErrorCode.BAD_REQUEST, message)
 
 
 class ProtocolError(ValueError):
     """A frame could not be accepted. ``request_id`` is set when it could be read."""
 
-    def __init__(self, code: str, message: str, request_id: str | None = None) -> None:
+    def __init__(self, code: ErrorCode, message: str, request_id: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -52,6 +93,61 @@ class Message:
     """Base class: subclasses set TYPE and declare their fields with types."""
 
     TYPE: ClassVar[str] = ""
+
+
+# ---------------------------------------------------------------- domain types
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request generates: carried by Submit, Assign and the worker's Request.
+
+    ``max_tokens`` is the decode budget; ``prefill_only`` computes the prompt into
+    the worker's prefix cache and produces nothing (used to seed caches).
+    """
+
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    prefill_only: bool = False
+
+    @property
+    def budget(self) -> int:
+        """Output tokens this request may produce (0 when it only fills the cache)."""
+        return 0 if self.prefill_only else self.max_tokens
+
+    def problem(self, max_tokens_limit: int | None = None) -> Problem | None:
+        """What makes these parameters unusable, or None."""
+        if not self.prefill_only and self.max_tokens < 1:
+            return Problem.bad_request("max_tokens must be >= 1")
+        if max_tokens_limit is not None and self.max_tokens > max_tokens_limit:
+            return Problem.bad_request(f"max_tokens must be <= {max_tokens_limit}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            return Problem.bad_request("temperature must be a finite number >= 0")
+        if not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
+            return Problem.bad_request("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            return Problem.bad_request("top_k must be >= 0")
+        if self.seed is not None and not 0 <= self.seed < 2**64:
+            return Problem.bad_request("seed must be in [0, 2**64)")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            return Problem.bad_request(f"at most {MAX_STOP_STRINGS} stop strings")
+        if any(not s for s in self.stop):
+            return Problem.bad_request("stop strings must be non-empty")
+        return None
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    """One request as a worker's heartbeat lists it (active or queued)."""
+
+    id: str
+    prompt: int  # prompt tokens
+    cached: int  # of which reused from the prefix cache
+    prefill_remaining: int
+    decode_remaining: int
 
 
 # ---------------------------------------------------------------- handshake
@@ -77,9 +173,7 @@ class Welcome(Message):
 class Submit(Message):
     """A generation request. Exactly one of prompt / tokens / messages is set.
 
-    ``worker`` pins the request to a worker selector (id or device label);
-    ``prefill_only`` computes the prompt into the worker's prefix cache and
-    produces no tokens (used to seed caches).
+    ``worker`` pins the request to a worker selector (id or device label).
     """
 
     TYPE: ClassVar[str] = "submit"
@@ -87,16 +181,9 @@ class Submit(Message):
     prompt: str | None = None
     tokens: list[int] | None = None
     messages: list[dict[str, Any]] | None = None
-    max_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    ignore_eos: bool = False
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     stream: bool = True
     worker: str | None = None
-    prefill_only: bool = False
 
 
 @dataclass
@@ -149,14 +236,14 @@ class Done(Message):
 
     TYPE: ClassVar[str] = "done"
     request_id: str
-    finish_reason: str  # "stop" | "length" | "eos" | "cancelled" | "prefill_only"
+    finish_reason: FinishReason
     stats: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class Error(Message):
     TYPE: ClassVar[str] = "error"
-    code: str
+    code: ErrorCode
     message: str
     request_id: str | None = None
 
@@ -186,16 +273,15 @@ class Ready(Message):
 class Heartbeat(Message):
     """Worker -> router, on a period and at once when its queue or cache changes.
 
-    ``active`` / ``queued``: one dict per request: ``id``, ``prompt``,
-    ``cached``, ``prefill_remaining``, ``decode_remaining``.
+    ``active`` / ``queued``: one RequestRow per request.
     ``cache``: prefix-block changes, see common.blocks.CacheLog.
     """
 
     TYPE: ClassVar[str] = "heartbeat"
     worker_id: str
     seq: int
-    active: list[dict[str, Any]]
-    queued: list[dict[str, Any]]
+    active: list[RequestRow]
+    queued: list[RequestRow]
     kv_used_tokens: int
     kv_capacity_tokens: int
     cache: dict[str, Any]
@@ -208,15 +294,7 @@ class Assign(Message):
     TYPE: ClassVar[str] = "assign"
     request_id: str
     tokens: list[int]
-    max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    ignore_eos: bool = False
-    prefill_only: bool = False
-    cached_estimate: int = 0  # what the router believed this worker had cached
+    sampling: SamplingParams
 
 
 @dataclass
@@ -266,7 +344,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
 
 # ---------------------------------------------------------------- encoding
 def encode(msg: Message) -> bytes:
-    body = dataclasses.asdict(msg)
+    body = dataclasses.asdict(msg)  # nested dataclasses become maps, StrEnums stay str
     body["v"] = PROTOCOL_VERSION
     body["type"] = msg.TYPE
     return msgpack.packb(body, use_bin_type=True)
@@ -298,27 +376,53 @@ def decode(frame: bytes) -> Message:
     return _build(cls, body, rid)
 
 
-def _build(cls: type[Message], body: dict[str, Any], rid: str | None) -> Message:
+def _build(cls: type[Any], body: dict[str, Any], rid: str | None) -> Any:
+    """An instance of the dataclass ``cls`` from ``body``, every field checked."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    what = _label(cls)
     unknown = sorted(set(body) - set(fields))
     if unknown:
-        raise ProtocolError(BAD_REQUEST, f"{cls.TYPE}: unknown field(s) {unknown}", rid)
+        raise ProtocolError(BAD_REQUEST, f"{what}: unknown field(s) {unknown}", rid)
     for name, f in fields.items():
         if name not in body:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ProtocolError(BAD_REQUEST, f"{cls.TYPE}: missing field {name!r}", rid)
+                raise ProtocolError(BAD_REQUEST, f"{what}: missing field {name!r}", rid)
             continue
-        if not _conforms(body[name], hints[name]):
-            raise ProtocolError(
-                BAD_REQUEST,
-                f"{cls.TYPE}.{name}: expected {_type_name(hints[name])}, "
-                f"got {type(body[name]).__name__}",
-                rid,
-            )
-        if hints[name] is float and isinstance(body[name], int):
-            body[name] = float(body[name])
+        body[name] = _field(cls, name, body[name], hints[name], rid)
     return cls(**body)
+
+
+def _field(cls: type[Any], name: str, value: Any, hint: Any, rid: str | None) -> Any:
+    """``value`` checked against ``hint``: nested dataclasses built, enums parsed."""
+    where = f"{_label(cls)}.{name}"
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ProtocolError(BAD_REQUEST, f"{where}: expected a map", rid)
+        return _build(hint, dict(value), rid)  # type: ignore[arg-type]
+    item = _list_item(hint)
+    if item is not None and dataclasses.is_dataclass(item):
+        if not isinstance(value, list):
+            raise ProtocolError(BAD_REQUEST, f"{where}: expected a list", rid)
+        return [_field(cls, name, v, item, rid) for v in value]
+    if isinstance(hint, type) and issubclass(hint, StrEnum):
+        if not isinstance(value, str) or value not in hint._value2member_map_:
+            raise ProtocolError(BAD_REQUEST, f"{where}: unknown value {value!r}", rid)
+        return hint(value)
+    if not _conforms(value, hint):
+        raise ProtocolError(
+            BAD_REQUEST, f"{where}: expected {_type_name(hint)}, got {type(value).__name__}", rid
+        )
+    return float(value) if hint is float and isinstance(value, int) else value
+
+
+def _label(cls: type[Any]) -> str:
+    """A message's wire tag, or a nested type's class name, for error messages."""
+    return getattr(cls, "TYPE", "") or cls.__name__
+
+
+def _list_item(hint: Any) -> Any:
+    return typing.get_args(hint)[0] if typing.get_origin(hint) is list else None
 
 
 def _conforms(value: Any, hint: Any) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,7 @@ class Harness:
         return msg
 
     def submit(self, rid: str, tokens: list[int], max_tokens: int = 32) -> p.Accepted:
-        self.client.send(p.Submit(rid, tokens=tokens, max_tokens=max_tokens))
+        self.client.send(p.Submit(rid, tokens=tokens, sampling=p.SamplingParams(max_tokens)))
         self.pump()
         msg = self.recv(self.client)
         assert isinstance(msg, p.Accepted), msg
@@ -227,3 +228,14 @@ def greedy_reference(
         L.llama_batch_free(batch)
         L.llama_free(ctx)
         L.llama_model_free(model)
+
+
+def wait_for(client: Any, check: Any, timeout_s: float = 20.0) -> None:
+    """Poll the router's status until ``check(workers)`` holds (heartbeats arrive on
+    their own schedule: state is awaited, never assumed after a fixed sleep)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check(client.status().workers):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out; last status: {client.status().workers}")

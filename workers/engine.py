@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tandem.common import protocol as p
+from tandem.common.protocol import FinishReason
 from tandem.common.tokenizer import TokenizerSpec
 from tandem.workers.prefix_cache import Match, PrefixCache
 from tandem.workers.request import Request, Status
@@ -165,7 +166,7 @@ class Engine:
     def submit(self, req: Request) -> None:
         problem = self._check(req)
         if problem:
-            self.emit(p.Error(problem[0], problem[1], req.id))
+            self.emit(p.Error(problem.code, problem.message, req.id))
             return
         self.queue.append(req)
         self._changed = True
@@ -175,12 +176,12 @@ class Engine:
             if r.id == request_id:
                 self.queue.remove(r)
                 r.t_done = time.monotonic()
-                self.emit(p.Done(r.id, "cancelled", self._stats(r)))
+                self.emit(p.Done(r.id, FinishReason.CANCELLED, self._stats(r)))
                 self._changed = True
                 return
         for r in self.active:
             if r.id == request_id:
-                self.finish(r, "cancelled")
+                self.finish(r, FinishReason.CANCELLED)
                 return
         # Unknown or already finished: cancel is idempotent.
 
@@ -209,22 +210,23 @@ class Engine:
             self.active.append(req)
             self._changed = True
 
-    def finish(self, req: Request, reason: str, notify: bool = True) -> None:
+    def finish(self, req: Request, reason: FinishReason | None, notify: bool = True) -> None:
+        """End ``req``; ``reason`` None: it failed (an Error was sent, its KV is dropped)."""
         req.status = Status.FINISHED
         req.finish_reason = reason
         req.t_done = time.monotonic()
-        tail = req.text.flush() if reason in ("length", "eos") else ""
+        tail = req.text.flush() if reason in (FinishReason.LENGTH, FinishReason.EOS) else ""
         if tail:
             self.emit(p.TokenDelta(req.id, [], tail))
         self.active.remove(req)
         handle = self.backend.end(req)
-        if reason == "error":  # its KV is what we are short of (or is suspect): drop it
+        if reason is None:  # failed: its KV is what we are short of (or is suspect): drop it
             to_free = [handle]
         else:
             _, to_free = self.cache.insert(req.kv_tokens(), handle)
         for h in to_free:
             self.backend.free(h)
-        if notify:
+        if notify and reason is not None:
             self.emit(p.Done(req.id, reason, self._stats(req)))
         self._changed = True
 
@@ -261,46 +263,48 @@ class Engine:
         for r in reqs:
             if r.status is not Status.FINISHED:
                 self.emit(p.Error(code, message, r.id))
-                self.finish(r, "error", notify=False)
+                self.finish(r, None, notify=False)
 
     def _prefill_done(self, req: Request) -> None:
         if req.prefill_only:
-            self.finish(req, "prefill_only")
+            self.finish(req, FinishReason.PREFILL_ONLY)
             return
         req.status = Status.DECODE
         req.t_first = time.monotonic()
 
     def _on_token(self, req: Request, token: int) -> None:
-        if self.backend.is_eog(token) and not req.ignore_eos:
-            self.finish(req, "eos")
+        if self.backend.is_eog(token) and not req.sampling.ignore_eos:
+            self.finish(req, FinishReason.EOS)
             return
         req.output.append(token)
         text = req.text.feed(self.backend.piece(token))
         self.emit(p.TokenDelta(req.id, [token], text))
         if req.text.stopped:
-            self.finish(req, "stop")
+            self.finish(req, FinishReason.STOP)
         elif len(req.output) >= req.max_tokens:
-            self.finish(req, "length")
+            self.finish(req, FinishReason.LENGTH)
 
-    def _check(self, req: Request) -> tuple[str, str] | None:
+    def _check(self, req: Request) -> p.Problem | None:
         if not req.prompt:
-            return p.BAD_REQUEST, "empty prompt"
+            return p.Problem.bad_request("empty prompt")
         if any(t < 0 or t >= self.backend.vocab_size for t in req.prompt):
-            return p.BAD_REQUEST, "token id out of the model's vocabulary"
-        if not req.prefill_only and not 1 <= req.max_tokens <= self.cfg.max_tokens_limit:
-            return p.BAD_REQUEST, f"max_tokens must be in 1..{self.cfg.max_tokens_limit}"
+            return p.Problem.bad_request("token id out of the model's vocabulary")
+        problem = req.sampling.problem(self.cfg.max_tokens_limit)
+        if problem:
+            return problem
         if self._reservation(req) > self.backend.n_ctx:
-            return p.PROMPT_TOO_LONG, (
+            return p.Problem(
+                p.PROMPT_TOO_LONG,
                 f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) exceeds "
-                f"the worker's context ({self.backend.n_ctx})"
+                f"the worker's context ({self.backend.n_ctx})",
             )
         if any(r.id == req.id for r in [*self.queue, *self.active]):
-            return p.DUPLICATE_REQUEST, f"request {req.id!r} is already here"
+            return p.Problem(p.DUPLICATE_REQUEST, f"request {req.id!r} is already here")
         return None
 
     @staticmethod
     def _reservation(req: Request) -> int:
-        return len(req.prompt) + (0 if req.prefill_only else req.max_tokens)
+        return len(req.prompt) + req.sampling.budget
 
     def _stats(self, req: Request) -> dict[str, Any]:
         return {**req.stats(), "worker": self.worker_id}

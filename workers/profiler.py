@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tandem.common import protocol as p
+from tandem.common.protocol import SamplingParams
 from tandem.workers.engine import Backend, Engine, EngineConfig
 from tandem.workers.request import Request, Status
 
@@ -96,7 +97,7 @@ def measure_prefill(
     rates = []
     for i in range(repeats + 1):
         prompt = _prompt(rng, prompt_tokens, backend.vocab_size)
-        req = Request(f"prefill-{i}", prompt, max_tokens=1, prefill_only=True)
+        req = Request(f"prefill-{i}", prompt, SamplingParams(max_tokens=1, prefill_only=True))
         t0 = time.perf_counter()
         engine.submit(req)
         _drain(engine)
@@ -119,7 +120,11 @@ def measure_decode(
     n_out = decode_tokens + 1 + SKIP_STEPS
     for i in range(batch):
         prompt = _prompt(rng, context, backend.vocab_size)
-        engine.submit(Request(f"decode-{batch}-{i}", prompt, n_out, ignore_eos=True))
+        engine.submit(
+            Request(
+                f"decode-{batch}-{i}", prompt, SamplingParams(max_tokens=n_out, ignore_eos=True)
+            )
+        )
     while not engine.active or any(r.status is not Status.DECODE for r in engine.active):
         engine.step()  # admission and prefill, not timed
         if not engine.queue and not engine.active:
@@ -144,7 +149,7 @@ def warm_up(backend: Backend, max_active: int, step_tokens: int, decode_tokens: 
     rng = random.Random(0)
     engine, _ = _engine(backend, max_active, step_tokens)
     prompt = _prompt(rng, min(step_tokens + 17, backend.n_ctx - 1), backend.vocab_size)
-    engine.submit(Request("warm-prefill", prompt, max_tokens=1, prefill_only=True))
+    engine.submit(Request("warm-prefill", prompt, SamplingParams(max_tokens=1, prefill_only=True)))
     _drain(engine)
     sizes = sorted({min(2**i, max_active) for i in range(max_active.bit_length() + 1)})
     for b in sizes:

@@ -14,7 +14,7 @@ import json
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +22,16 @@ import pytest
 from click.testing import CliRunner
 
 from tandem.cli.main import main
-from tandem.client import Client
 from tandem.common import protocol as p
+from tandem.common.protocol import SamplingParams
 from tandem.launcher.cluster import Cluster, WorkerSpec
-from tandem.workers.backends.sim import SimBackend, SimProfile
+from tandem.workers.backends.sim import BUNDLED_PROFILES, SimBackend, SimProfile
 from tandem.workers.engine import Engine, EngineConfig
 from tandem.workers.request import Request
+from tests.helpers import wait_for
 
-REPO = Path(__file__).resolve().parents[1]
-GPU_PROFILE = REPO / "deploy" / "profiles" / "gpu-m2.json"
-CPU_PROFILE = REPO / "deploy" / "profiles" / "cpu-m2.json"
+GPU_PROFILE = BUNDLED_PROFILES / "gpu-m2.json"
+CPU_PROFILE = BUNDLED_PROFILES / "cpu-m2.json"
 
 
 @pytest.fixture(scope="module")
@@ -99,12 +99,12 @@ def test_sim_sleeps_by_profile_and_cache_hits_shorten_prefill(tmp_path: Path, mo
     engine = sim_engine(sim, max_active=2, step_tokens=256)
     prefix = list(range(1000, 1512))
     t0 = time.monotonic()
-    run_engine(engine, Request("seed", prefix, 1, prefill_only=True))
+    run_engine(engine, Request("seed", prefix, SamplingParams(max_tokens=1, prefill_only=True)))
     assert sim.busy_s == pytest.approx(512 / 5000)  # two 256-token chunks, no decode
     assert time.monotonic() - t0 >= 0.09  # it really slept (minus the host's own time)
     # Shares the 512-token prefix: only 16 tokens to prefill, then 4 decode steps (batch 1).
     sim.busy_s = 0.0
-    out = run_engine(engine, Request("r", prefix + list(range(16)), 5))
+    out = run_engine(engine, Request("r", prefix + list(range(16)), SamplingParams(max_tokens=5)))
     assert sim.busy_s == pytest.approx(16 / 5000 + 4 * 0.001)
     done = [m for m in out if isinstance(m, p.Done)]
     assert done[0].stats["cached_tokens"] == 512 and done[0].stats["output_tokens"] == 5
@@ -114,7 +114,9 @@ def test_sim_tokens_are_deterministic_and_never_end_generation(tmp_path: Path, m
     sim = SimBackend(write_profile(tmp_path, decode_step_s=0.0001), 4096, model)
 
     def tokens(prompt: list[int], rid: str) -> list[int]:
-        out = run_engine(sim_engine(sim, cache_tokens=0), Request(rid, prompt, 40))
+        out = run_engine(
+            sim_engine(sim, cache_tokens=0), Request(rid, prompt, SamplingParams(max_tokens=40))
+        )
         return [t for m in out if isinstance(m, p.TokenDelta) for t in m.token_ids]
 
     a, b = tokens([5, 6, 7], "a"), tokens([5, 6, 7], "b")
@@ -168,15 +170,6 @@ def sim_cluster(tmp_path: Path, model: Path) -> Iterator[tuple[Cluster, Path]]:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-
-
-def wait_for(client: Client, check: Callable[[list[dict]], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check(client.status().workers):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out; last status: {client.status().workers}")
 
 
 PREFIX = [1000 + (i * 37) % 20000 for i in range(512)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tandem.common import protocol as p
+from tandem.common.protocol import SamplingParams
 from tandem.workers.engine import Engine, EngineConfig
 from tandem.workers.request import Request, Status
 from tests.helpers import EOS, FakeBackend
@@ -18,7 +19,7 @@ def make(max_active=2, step_tokens=8, block_size=4, cache_tokens=64, **kw):
 
 
 def req(rid, n=6, max_tokens=3, start=1, **kw):
-    return Request(rid, list(range(start, start + n)), max_tokens, **kw)
+    return Request(rid, list(range(start, start + n)), SamplingParams(max_tokens=max_tokens, **kw))
 
 
 def run_all(engine, limit=200):
@@ -104,11 +105,11 @@ def test_cancel_queued_and_active_is_idempotent():
 def test_cache_hit_skips_prefill_work():
     e, b, out = make(max_active=1, step_tokens=64, block_size=4)
     prefix = list(range(1, 17))
-    e.submit(Request("seed", prefix, 1, prefill_only=True))
+    e.submit(Request("seed", prefix, SamplingParams(max_tokens=1, prefill_only=True)))
     run_all(e)
     assert done(out)["seed"].finish_reason == "prefill_only"
     fed_before = b.fed
-    e.submit(Request("hit", prefix + [50, 51, 52], 2))
+    e.submit(Request("hit", prefix + [50, 51, 52], SamplingParams(max_tokens=2)))
     run_all(e)
     d = done(out)["hit"]
     assert d.stats["cached_tokens"] == 16
@@ -119,10 +120,10 @@ def test_cache_hit_skips_prefill_work():
 
 def test_kv_pressure_evicts_cache_entries_before_failing_requests():
     e, b, out = make(max_active=1, step_tokens=64, block_size=4, kv_cells=40)
-    e.submit(Request("old", list(range(100, 124)), 1, prefill_only=True))
+    e.submit(Request("old", list(range(100, 124)), SamplingParams(max_tokens=1, prefill_only=True)))
     run_all(e)
     assert len(e.cache.entries) == 1
-    e.submit(Request("new", list(range(200, 230)), 4))
+    e.submit(Request("new", list(range(200, 230)), SamplingParams(max_tokens=4)))
     run_all(e)
     assert done(out)["new"].finish_reason == "length"
     assert all(ent.tokens[0] != 100 for ent in e.cache.entries.values()), "old entry evicted"
@@ -142,11 +143,11 @@ def test_kv_exhaustion_with_nothing_to_evict_fails_one_request_cleanly():
 @pytest.mark.parametrize(
     ("request_", "code"),
     [
-        (Request("x", [], 3), p.BAD_REQUEST),
-        (Request("x", [1, 5000], 3), p.BAD_REQUEST),
-        (Request("x", [1], 0), p.BAD_REQUEST),
-        (Request("x", [1], 65), p.BAD_REQUEST),
-        (Request("x", [1] * 60, 10), p.PROMPT_TOO_LONG),
+        (Request("x", [], SamplingParams(max_tokens=3)), p.BAD_REQUEST),
+        (Request("x", [1, 5000], SamplingParams(max_tokens=3)), p.BAD_REQUEST),
+        (Request("x", [1], SamplingParams(max_tokens=0)), p.BAD_REQUEST),
+        (Request("x", [1], SamplingParams(max_tokens=65)), p.BAD_REQUEST),
+        (Request("x", [1] * 60, SamplingParams(max_tokens=10)), p.PROMPT_TOO_LONG),
     ],
 )
 def test_bad_assignments_get_errors_not_crashes(request_, code):
@@ -164,8 +165,8 @@ def test_heartbeat_lists_remaining_work():
     hb = e.heartbeat()
     (a,) = hb.active
     (b,) = hb.queued
-    assert a == {"id": "a", "prompt": 6, "cached": 0, "prefill_remaining": 2, "decode_remaining": 5}
-    assert b["prefill_remaining"] == 6 and b["decode_remaining"] == 5
+    assert a == p.RequestRow("a", prompt=6, cached=0, prefill_remaining=2, decode_remaining=5)
+    assert b.prefill_remaining == 6 and b.decode_remaining == 5
     assert e.active[0].status is Status.PREFILL
 
 

@@ -141,7 +141,9 @@ class MlxBackend:
             layers = match.entry.handle.layers  # type: ignore[union-attr]
             for c, (k, v) in zip(cache, layers, strict=True):
                 c.keys, c.values, c.offset = k[..., :n, :], v[..., :n, :], n
-        sampler = Sampler.create(req.temperature, req.top_p, req.top_k, req.seed)
+        sampler = Sampler.create(
+            req.sampling.temperature, req.sampling.top_p, req.sampling.top_k, req.sampling.seed
+        )
         req.slot = slot = _Slot(req, cache, n, sampler)
         self._slots.append(slot)
 
