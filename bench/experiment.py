@@ -13,7 +13,6 @@ keeps what it measured.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -128,27 +127,7 @@ def running_cluster(
         cl.start()
         yield cl
     finally:
-        stop_fast(cl, [s.worker_id for s in specs])
         cl.__exit__(None, None, None)
-
-
-def stop_fast(cl: Cluster, worker_ids: list[str], grace_s: float = 1.5) -> None:
-    """SIGTERM the workers, give them ``grace_s`` together, SIGKILL the rest.
-
-    Why not Cluster.stop alone: it waits 10 s per process, and a worker whose
-    heartbeat lands after its I/O thread closed the pipe never exits on SIGTERM
-    (workers/io.py, reported), which cost ~10-20 s per cluster.
-    """
-    procs = [cl.procs[w] for w in worker_ids if w in cl.procs]
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:  # stuck, see above
-            proc.kill()
-            proc.wait(timeout=5)
 
 
 class Bench:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 
 import click
@@ -192,4 +194,9 @@ def worker(
     except (ValueError, FileNotFoundError) as exc:  # e.g. --device gpu without a GPU
         click.echo(f"tandem worker: {exc}", err=True)
         code = 2
-    sys.exit(code)
+    # Exit without interpreter teardown: native libraries (llama.cpp, MLX/CUDA) can
+    # take seconds to free a model, and nothing of the worker's needs it.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

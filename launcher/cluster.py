@@ -115,15 +115,21 @@ class Cluster:
         proc.send_signal(sig)
         proc.wait(timeout=10)
 
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
+    def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM every process (workers first, so their Goodbyes reach the router),
+        wait for all of them together for ``grace_s``, SIGKILL what is left."""
+        order = sorted(self.procs, key=lambda name: name == "router")
+        for name in order:
+            if self.procs[name].poll() is None:
+                self.procs[name].send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for name in order:
+            proc = self.procs[name]
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
         self.procs.clear()
 
     def log(self, name: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import signal
 import threading
@@ -15,6 +16,8 @@ from tandem.workers.engine import Backend, Engine
 from tandem.workers.io import WorkerLink, start_link
 
 log = logging.getLogger(__name__)
+
+EXIT_GRACE_S = 1.5  # SIGTERM/SIGINT to exit: the clean path, else a hard exit
 
 
 def rates(cfg: WorkerConfig, backend: Backend) -> tuple[float, list[float]]:
@@ -71,7 +74,7 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
     engine = Engine(backend, cfg.engine, link.emit, worker_id, inbox)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, lambda *_: _stop_within(stop, EXIT_GRACE_S))
     io_thread = start_link(link, stop)
     log.info(
         "worker %s (%s on %s, model %s) -> %s",
@@ -92,6 +95,28 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
         log.error("router refused this worker: %s", link.fatal)
         return 2
     return 0
+
+
+def _stop_within(stop: threading.Event, grace_s: float) -> None:
+    """Ask the loops to stop, and make sure the process is gone ``grace_s`` later.
+
+    The engine stops after its current step and the I/O thread says Goodbye, so the
+    router re-routes or fails what this worker held. A step inside a native library
+    (a long llama.cpp prefill, an MLX kernel compilation) cannot be interrupted, so a
+    timer ends the process if the clean path has not by then.
+    """
+    if stop.is_set():
+        return
+    stop.set()
+
+    def hard_exit() -> None:
+        log.error("still running %.1f s after the stop signal: exiting now", grace_s)
+        logging.shutdown()
+        os._exit(1)
+
+    timer = threading.Timer(grace_s, hard_exit)
+    timer.daemon = True
+    timer.start()
 
 
 def _watch_fatal(link: WorkerLink, stop: threading.Event) -> None:
