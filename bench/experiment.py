@@ -58,7 +58,7 @@ def router_policy_args(policy: str) -> list[str]:
     return flags
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BenchConfig:
     workers: tuple[WorkerArg, ...]
     workloads: tuple[Workload, ...]

@@ -1,6 +1,6 @@
 """A GGUF with the shape of a known model and random weights: for timing, never text.
 
-    python -m bench.shaped_model qwen2.5-0.5b /tmp/qwen2.5-0.5b-shaped.gguf
+    python -m tandem.bench.shaped_model qwen2.5-0.5b /tmp/qwen2.5-0.5b-shaped.gguf
 
 Where the model itself cannot be downloaded, its speed can still be measured:
 what a forward pass costs depends on the shapes (hidden size, layers, heads, KV

@@ -33,7 +33,7 @@ class Arrival:
     hit: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Workload:
     kind: str = "burst"
     requests: int = 8  # burst: total; onoff: per burst

@@ -16,35 +16,17 @@ from typing import Any
 
 import zmq
 
-from tandem.broker.calibration import DECODE_ESTIMATES, Calibration
+from tandem.broker.calibration import Calibration
+from tandem.broker.config import RouterConfig
 from tandem.broker.decisions import DecisionLog, decision_record
 from tandem.broker.policies import NoCandidate, parse_policy
 from tandem.broker.registry import Routed, WorkerState, ready_problem
 from tandem.broker.requests import ClientRequest, prompt_tokens, validate_submit
 from tandem.common import protocol as p
-from tandem.common.settings import Addresses
 from tandem.common.tokenizer import TextTokenizer, TokenizerSpec
 from tandem.common.transport import RouterSocket
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RouterConfig:
-    addresses: Addresses
-    policy: str = "phase_cost"
-    liveness_s: float = 3.0  # floor of a worker's liveness window (else 6 heartbeats)
-    no_worker_wait_s: float = 30.0  # how long a request waits for a first worker
-    decision_log: str | None = None
-    calibrate: bool = True  # rates follow what requests take (broker/calibration.py)
-    decode_estimate: str = "budget"  # "budget" | "ratio"
-
-    def __post_init__(self) -> None:
-        parse_policy(self.policy)  # raises ValueError on an unknown policy
-        if self.decode_estimate not in DECODE_ESTIMATES:
-            raise ValueError(f"decode_estimate must be one of {DECODE_ESTIMATES}")
-        if self.liveness_s <= 0 or self.no_worker_wait_s < 0:
-            raise ValueError("liveness_s must be > 0 and no_worker_wait_s >= 0")
 
 
 @dataclass

@@ -133,19 +133,19 @@ def build_config(ctx: click.Context, opts: dict[str, Any]) -> Any:
     sizes = v["requests"] if v["workload"] != "poisson" else v["requests"][:1]
     workloads = tuple(
         Workload(
-            v["workload"],
-            n,
-            v["spacing_ms"] / 1000,
-            v["rate"],
-            v["duration_s"],
-            v["bursts"],
-            v["gap_s"],
-            hit,
-            v["prefix_tokens"],
-            v["prompt_tokens"],
-            v["output_tokens"],
-            v["same_prompt"],
-        )  # fmt: skip
+            kind=v["workload"],
+            requests=n,
+            spacing_s=v["spacing_ms"] / 1000,
+            rate_rps=v["rate"],
+            duration_s=v["duration_s"],
+            bursts=v["bursts"],
+            gap_s=v["gap_s"],
+            hit_fraction=hit,
+            prefix_tokens=v["prefix_tokens"],
+            prompt_tokens=v["prompt_tokens"],
+            output_tokens=v["output_tokens"],
+            same_prompt=v["same_prompt"],
+        )
         for n in sizes
         for hit in v["hit_mix"]
     )

@@ -2,12 +2,36 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
+from typing import Any
 
 import click
 
 from tandem.common.settings import DEFAULT_CLIENT_ADDR
+
+
+def config_default(cls: type, name: str) -> Any:
+    """The default of field ``name`` of config dataclass ``cls``: every setting's
+    default is written once, on the dataclass, and the CLI shows that one."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+            raise ValueError(f"{cls.__name__}.{name} has no default")
+    raise ValueError(f"{cls.__name__} has no field {name!r}")
+
+
+def field_option(cls: type, name: str, help: str | None = None, **kw: Any) -> Any:
+    """A ``--name`` option for config field ``name``: its type and default from ``cls``."""
+    default = config_default(cls, name)
+    kw.setdefault("type", type(default))
+    return click.option(
+        "--" + name.replace("_", "-"), default=default, show_default=True, help=help, **kw
+    )
 
 
 def setup_logging(level: str) -> None:

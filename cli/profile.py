@@ -56,8 +56,7 @@ def profile(
 ) -> None:
     """Measure a worker's backend in isolation (no router) and store its rates."""
     from tandem.workers.backends import build_backend
-    from tandem.workers.config import WorkerConfig
-    from tandem.workers.engine import EngineConfig
+    from tandem.workers.config import EngineConfig, WorkerConfig
     from tandem.workers.profiler import kv_cells_needed, profile_backend
     from tandem.workers.profiles import save_profile
 
@@ -65,14 +64,13 @@ def profile(
     try:
         engine = EngineConfig(max_active=max_active, step_tokens=step_tokens)
         cfg = WorkerConfig(
-            "inproc://unused",
-            backend,
-            model,
-            None,
-            device,
-            threads,
-            n_ctx or max(4096, need),
-            engine,
+            router="inproc://unused",
+            backend=backend,
+            model=model,
+            device=device,
+            threads=threads,
+            n_ctx=n_ctx or max(4096, need),
+            engine=engine,
             profile=profile_file,
         )
         be = build_backend(cfg)

@@ -8,9 +8,14 @@ import sys
 
 import click
 
-from tandem.cli.options import sim_profile
+from tandem.broker.calibration import DECODE_ESTIMATES
+from tandem.broker.config import RouterConfig
+from tandem.cli.options import config_default, field_option, sim_profile
 from tandem.common.settings import DEFAULT_CLIENT_ADDR, DEFAULT_WORKER_ADDR, Addresses
 from tandem.workers.backends import BACKENDS
+from tandem.workers.config import WARMUP, EngineConfig, WorkerConfig
+
+R, E, W = RouterConfig, EngineConfig, WorkerConfig
 
 
 @click.command()
@@ -23,24 +28,12 @@ from tandem.workers.backends import BACKENDS
 @click.option(
     "--policy",
     envvar="TANDEM_POLICY",
-    default="phase_cost",
+    default=config_default(R, "policy"),
     show_default=True,
     help="phase_cost | least_tokens | cache_aware | least_loaded | round_robin | forced:SEL",
 )
-@click.option(
-    "--liveness-s",
-    type=float,
-    default=3.0,
-    show_default=True,
-    help="Minimum silence before a worker is expired.",
-)
-@click.option(
-    "--no-worker-wait-s",
-    type=float,
-    default=30.0,
-    show_default=True,
-    help="How long a request waits for a first worker.",
-)
+@field_option(R, "liveness_s", "Minimum silence before a worker is expired.")
+@field_option(R, "no_worker_wait_s", "How long a request waits for a first worker.")
 @click.option(
     "--decision-log",
     type=click.Path(dir_okay=False),
@@ -49,14 +42,14 @@ from tandem.workers.backends import BACKENDS
 )
 @click.option(
     "--calibrate/--no-calibrate",
-    default=True,
+    default=config_default(R, "calibrate"),
     show_default=True,
     help="Let worker rates follow what requests take (off: price by advertised rates only).",
 )
 @click.option(
     "--decode-estimate",
-    type=click.Choice(["budget", "ratio"]),
-    default="budget",
+    type=click.Choice(DECODE_ESTIMATES),
+    default=config_default(R, "decode_estimate"),
     show_default=True,
     help="Price decode by max_tokens, or scaled by the realized/requested token ratio.",
 )
@@ -72,17 +65,16 @@ def router(
 ) -> None:
     """Run the router."""
     from tandem.broker.main import run_router
-    from tandem.broker.router import RouterConfig
 
     try:
         cfg = RouterConfig(
-            Addresses(client_addr, worker_addr),
-            policy,
-            liveness_s,
-            no_worker_wait_s,
-            decision_log,
-            calibrate,
-            decode_estimate,
+            addresses=Addresses(client_addr, worker_addr),
+            policy=policy,
+            liveness_s=liveness_s,
+            no_worker_wait_s=no_worker_wait_s,
+            decision_log=decision_log,
+            calibrate=calibrate,
+            decode_estimate=decode_estimate,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -101,7 +93,7 @@ def router(
 @click.option(
     "--backend",
     type=click.Choice(BACKENDS),
-    default="llama.cpp",
+    default=config_default(W, "backend"),
     show_default=True,
 )
 @click.option(
@@ -112,34 +104,25 @@ def router(
 )
 @click.option("--worker-id", default=None, help="Default: DEVICE-HOST-PID.")
 @click.option(
-    "--device", default="auto", show_default=True, help="auto | cpu | gpu (mlx); a label."
-)
-@click.option("--threads", type=int, default=2, show_default=True)
-@click.option("--max-active", type=int, default=4, show_default=True)
-@click.option("--n-ctx", type=int, default=8192, show_default=True, help="KV cells, all sequences.")
-@click.option(
-    "--step-tokens",
-    type=int,
-    default=256,
+    "--device",
+    default=config_default(W, "device"),
     show_default=True,
-    help="Token budget of one batch step (decode first, then prefill chunks).",
+    help="auto | cpu | gpu (mlx); a label.",
 )
-@click.option("--block-size", type=int, default=16, show_default=True)
-@click.option(
-    "--cache-tokens",
-    type=int,
-    default=4096,
-    show_default=True,
-    help="KV tokens the prefix cache may keep after requests end.",
-)
-@click.option("--cache-entries", type=int, default=16, show_default=True)
-@click.option("--heartbeat-s", type=float, default=0.5, show_default=True)
+@field_option(W, "threads")
+@field_option(E, "max_active")
+@field_option(W, "n_ctx", "KV cells, all sequences.")
+@field_option(E, "step_tokens", "Token budget of one batch step (decode first, then prefill).")
+@field_option(E, "block_size")
+@field_option(E, "cache_tokens", "KV tokens the prefix cache may keep after requests end.")
+@field_option(E, "cache_entries")
+@field_option(E, "heartbeat_s")
 @click.option("--prefill-tok-s", type=float, default=None, help="Override the profiled rate.")
 @click.option("--decode-tok-s", default=None, help="Comma list: aggregate tok/s at batch 1,2,..")
 @click.option(
     "--warmup",
-    type=click.Choice(["auto", "on", "off"]),
-    default="auto",
+    type=click.Choice(WARMUP),
+    default=config_default(W, "warmup"),
     show_default=True,
     help="Run every batch shape once before registering (auto: on GPU devices).",
 )
@@ -164,28 +147,31 @@ def worker(
     profile_file: str | None,
 ) -> None:
     """Run a worker process (one device)."""
-    from tandem.workers.config import WorkerConfig
-    from tandem.workers.engine import EngineConfig
     from tandem.workers.main import run_worker
 
     try:
         engine = EngineConfig(
-            max_active, step_tokens, block_size, cache_tokens, cache_entries, heartbeat_s
+            max_active=max_active,
+            step_tokens=step_tokens,
+            block_size=block_size,
+            cache_tokens=cache_tokens,
+            cache_entries=cache_entries,
+            heartbeat_s=heartbeat_s,
         )
         decode = tuple(float(x) for x in decode_tok_s.split(",")) if decode_tok_s else None
         cfg = WorkerConfig(
-            router_addr,
-            backend,
-            model,
-            worker_id,
-            device,
-            threads,
-            n_ctx,
-            engine,
-            prefill_tok_s,
-            decode,
-            profile_file,
-            warmup,
+            router=router_addr,
+            backend=backend,
+            model=model,
+            worker_id=worker_id,
+            device=device,
+            threads=threads,
+            n_ctx=n_ctx,
+            engine=engine,
+            prefill_tok_s=prefill_tok_s,
+            decode_tok_s=decode,
+            profile=profile_file,
+            warmup=warmup,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -54,7 +54,9 @@ class Harness:
         tag = uuid.uuid4().hex
         self.log_path = tmp_path / "decisions.jsonl"
         addrs = Addresses(f"inproc://c-{tag}", f"inproc://w-{tag}")
-        self.router = Router(RouterConfig(addrs, policy, decision_log=str(self.log_path), **cfg))
+        self.router = Router(
+            RouterConfig(addresses=addrs, policy=policy, decision_log=str(self.log_path), **cfg)
+        )
         self.client = DealerSocket(addrs.client)
         self.workers: dict[str, DealerSocket] = {}
         self.spec = tiny_tokenizer()

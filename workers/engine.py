@@ -15,12 +15,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tandem.common import protocol as p
 from tandem.common.protocol import FinishReason
 from tandem.common.tokenizer import TokenizerSpec
+from tandem.workers.config import EngineConfig
 from tandem.workers.prefix_cache import Match, PrefixCache
 from tandem.workers.request import Request, Status
 
@@ -60,28 +60,6 @@ class Backend(Protocol):
         """The bytes of one token (for incremental detokenization)."""
 
     def is_eog(self, token: int) -> bool: ...
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    max_active: int = 4
-    step_tokens: int = 256  # per-step token budget: decode tokens first, then prefill chunks
-    block_size: int = 16
-    cache_tokens: int = 4096  # prefix cache budget (KV tokens kept after requests end)
-    cache_entries: int = 16
-    heartbeat_s: float = 0.5
-    max_tokens_limit: int = 4096
-    full_resync_s: float = 30.0  # a full block listing this often, whatever the deltas said
-
-    def __post_init__(self) -> None:
-        if self.max_active < 1:
-            raise ValueError("max_active must be >= 1")
-        if self.step_tokens < self.max_active:
-            raise ValueError("step_tokens must be >= max_active (one decode token each)")
-        if self.block_size < 1 or self.heartbeat_s <= 0:
-            raise ValueError("block_size must be >= 1 and heartbeat_s > 0")
-        if self.cache_tokens < 0 or self.cache_entries < 0 or self.max_tokens_limit < 1:
-            raise ValueError("cache_tokens, cache_entries >= 0 and max_tokens_limit >= 1")
 
 
 class Engine:

@@ -19,7 +19,6 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 
 import zmq
 
@@ -152,6 +151,3 @@ def start_link(link: WorkerLink, stop: threading.Event) -> threading.Thread:
     thread = threading.Thread(target=link.run, args=(stop,), name="tandem-io", daemon=True)
     thread.start()
     return thread
-
-
-Emit = Callable[[p.Message], None]

@@ -51,7 +51,7 @@ profile_gpu() {  # profile_gpu NAME [--no-save]
 
 for s in "$@"; do
   case "$s" in
-    mlx) stage mlx-vs-raw 300 $PY -m bench.mlx_compare --device gpu --batches 1,2,4,8,16 \
+    mlx) stage mlx-vs-raw 300 $PY -m tandem.bench.mlx_compare --device gpu --batches 1,2,4,8,16 \
            --n-out 128 --repeats 3 --out "$out/mlx-vs-raw.md" ;;
     profile)
       stage profile-cpu 60 $PY -m tandem profile --backend llama.cpp --threads 12 --json
@@ -82,7 +82,7 @@ for s in "$@"; do
            --runs 1 --rates advertised --no-progress --out "$out/onoff" ;;
     qwen)  # the article's model shape, random weights (bench/shaped_model.py): timing only
       q="$TANDEM_CACHE_DIR/qwen2.5-0.5b-shaped.gguf"
-      [ -f "$q" ] || stage qwen-model 120 $PY -m bench.shaped_model qwen2.5-0.5b "$q"
+      [ -f "$q" ] || stage qwen-model 120 $PY -m tandem.bench.shaped_model qwen2.5-0.5b "$q"
       stage qwen-profile-cpu 120 $PY -m tandem profile --backend llama.cpp --model "$q" --threads 12 --json
       stage qwen-profile-gpu 240 $PY -m tandem profile --backend mlx --model "$q" --device gpu \
            --max-active 16 --json

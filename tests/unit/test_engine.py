@@ -14,7 +14,15 @@ from tests.helpers import EOS, FakeBackend
 def make(max_active=2, step_tokens=8, block_size=4, cache_tokens=64, **kw):
     backend = FakeBackend(**kw)
     out: list[p.Message] = []
-    cfg = EngineConfig(max_active, step_tokens, block_size, cache_tokens, 8, 0.5, 64)
+    cfg = EngineConfig(
+        max_active=max_active,
+        step_tokens=step_tokens,
+        block_size=block_size,
+        cache_tokens=cache_tokens,
+        cache_entries=8,
+        heartbeat_s=0.5,
+        max_tokens_limit=64,
+    )
     return Engine(backend, cfg, out.append, "w0"), backend, out
 
 
@@ -218,12 +226,12 @@ def test_warm_up_runs_a_full_chunk_and_every_power_of_two_batch_then_holds_nothi
 def test_warmup_setting_is_on_for_gpus_by_default_and_validated() -> None:
     from tandem.workers.config import WorkerConfig
 
-    auto = WorkerConfig("tcp://127.0.0.1:1")
+    auto = WorkerConfig(router="tcp://127.0.0.1:1")
     assert auto.wants_warmup("gpu-cuda") and not auto.wants_warmup("cpu")
-    assert WorkerConfig("tcp://127.0.0.1:1", warmup="on").wants_warmup("cpu")
-    assert not WorkerConfig("tcp://127.0.0.1:1", warmup="off").wants_warmup("gpu-metal")
+    assert WorkerConfig(router="tcp://127.0.0.1:1", warmup="on").wants_warmup("cpu")
+    assert not WorkerConfig(router="tcp://127.0.0.1:1", warmup="off").wants_warmup("gpu-metal")
     with pytest.raises(ValueError, match="warmup"):
-        WorkerConfig("tcp://127.0.0.1:1", warmup="sometimes")
+        WorkerConfig(router="tcp://127.0.0.1:1", warmup="sometimes")
 
 
 def test_a_worker_without_profile_or_rate_flags_says_its_rates_are_a_guess(
@@ -234,10 +242,10 @@ def test_a_worker_without_profile_or_rate_flags_says_its_rates_are_a_guess(
 
     monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))  # no stored profiles here
     with caplog.at_level("WARNING", logger="tandem.workers.main"):
-        assert rates(WorkerConfig("tcp://127.0.0.1:1"), FakeBackend()) == (200.0, [50.0] * 4)
+        assert rates(WorkerConfig(router="tcp://127.0.0.1:1"), FakeBackend()) == (200.0, [50.0] * 4)
     assert "no stored profile for fake" in caplog.text and "tandem profile" in caplog.text
     caplog.clear()
-    flagged = WorkerConfig("tcp://127.0.0.1:1", prefill_tok_s=900.0, decode_tok_s=(80.0,))
+    flagged = WorkerConfig(router="tcp://127.0.0.1:1", prefill_tok_s=900.0, decode_tok_s=(80.0,))
     with caplog.at_level("WARNING", logger="tandem.workers.main"):
         assert rates(flagged, FakeBackend()) == (900.0, [80.0] * 4)
     assert not caplog.text

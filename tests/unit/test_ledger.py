@@ -151,7 +151,7 @@ def test_router_options_reach_log_and_status(make: Callable[..., Harness]) -> No
     assert isinstance(status, p.StatusReply)
     assert status.workers[0]["calibrated_decode_tok_s"] == [50.0, 80.0]
     with pytest.raises(ValueError):
-        RouterConfig(Addresses("inproc://x", "inproc://y"), decode_estimate="guess")
+        RouterConfig(addresses=Addresses("inproc://x", "inproc://y"), decode_estimate="guess")
 
 
 # ------------------------------------------------------------ calibration

@@ -30,7 +30,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from tandem.common.tokenizer import TokenizerSpec, piece_table
 from tandem.workers.backends.mlx.batch import KV, DecodeBatch, Sampler, sample
-from tandem.workers.engine import EngineConfig, KVFull
+from tandem.workers.engine import KVFull
 from tandem.workers.prefix_cache import Match
 from tandem.workers.request import Request
 
@@ -85,14 +85,13 @@ class MlxBackend:
 
     @classmethod
     def from_config(cls, cfg: WorkerConfig, model: Path) -> MlxBackend:
-        return cls(model, n_ctx=cfg.n_ctx, device=cfg.device, engine=cfg.engine)
+        return cls(model, n_ctx=cfg.n_ctx, device=cfg.device)
 
     def __init__(
         self,
         model_path: str | Path,
         n_ctx: int = 8192,
         device: str = "auto",
-        engine: EngineConfig | None = None,
         loaded: tuple[Any, TokenizerSpec, dict[str, Any]] | None = None,
     ) -> None:
         """Load ``model_path`` (GGUF file or mlx-lm folder), or use ``loaded``
@@ -110,7 +109,6 @@ class MlxBackend:
         self.model_name = Path(model_path).name  # as llama.cpp's backend reports it
         self.n_ctx = n_ctx
         self.vocab_size = int(config["vocab_size"])
-        self.engine_config = engine or EngineConfig()
         self._eog = frozenset(self.tokenizer_spec.eos_ids)
         self._pieces = piece_table(self.tokenizer_spec, self.vocab_size)
         # Only llama's head is known to be a plain projection we may apply to one position.

@@ -1,0 +1,29 @@
+"""The router's configuration: one frozen dataclass, validated on creation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tandem.broker.calibration import DECODE_ESTIMATES
+from tandem.broker.policies import parse_policy
+from tandem.common.settings import Addresses
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouterConfig:
+    """The router process's settings; `tandem router`'s options map onto these fields."""
+
+    addresses: Addresses
+    policy: str = "phase_cost"
+    liveness_s: float = 3.0  # floor of a worker's liveness window (else 6 heartbeats)
+    no_worker_wait_s: float = 30.0  # how long a request waits for a first worker
+    decision_log: str | None = None
+    calibrate: bool = True  # rates follow what requests take (broker/calibration.py)
+    decode_estimate: str = "budget"  # "budget" | "ratio"
+
+    def __post_init__(self) -> None:
+        parse_policy(self.policy)  # raises ValueError on an unknown policy
+        if self.decode_estimate not in DECODE_ESTIMATES:
+            raise ValueError(f"decode_estimate must be one of {DECODE_ESTIMATES}")
+        if self.liveness_s <= 0 or self.no_worker_wait_s < 0:
+            raise ValueError("liveness_s must be > 0 and no_worker_wait_s >= 0")
