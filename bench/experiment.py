@@ -72,6 +72,7 @@ class BenchConfig:
     timeout_s: float = 900.0  # silence tolerated per request (a forced-CPU queue is long)
     heartbeat_s: float = 0.5
     preset: str | None = None
+    router_cpus: str | None = None  # `tandem router --cpus`: keep it off the workers' cores
 
     def __post_init__(self) -> None:
         if not self.workers or not self.workloads or not self.policies:
@@ -139,6 +140,9 @@ class Bench:
         self.doc = doc
         self.ids = [w.worker_id for w in cfg.workers]
 
+    def router_pinning(self) -> list[str]:
+        return ["--cpus", self.cfg.router_cpus] if self.cfg.router_cpus else []
+
     def active_of(self, w: WorkerArg, max_active: int) -> int:
         """A spec's own max_active always wins: a sweep varies the workers that name none
         (``--worker llama.cpp:max_active=4 --worker mlx --sweep-max-active 1,2,4`` sweeps
@@ -158,7 +162,8 @@ class Bench:
     def calibrate(self, wl: Workload, max_active: int) -> dict[str, Any]:
         """Advertised and (unless rates=advertised) measured rates of every worker."""
         book = PromptBook(self.encode, wl)
-        router = ["--policy", "least_loaded", *ROUTER_ARGS]  # calibration requests are pinned
+        # calibration requests are pinned to their worker: least_loaded only breaks ties
+        router = ["--policy", "least_loaded", *ROUTER_ARGS, *self.router_pinning()]
         with running_cluster(self.specs(wl, max_active), router, self.cfg.transport) as cl:
             with cl.client() as c:
                 advertised = advertised_rates(c.status().workers)
@@ -181,6 +186,7 @@ class Bench:
         with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
             log = Path(tmp) / "decisions.jsonl"
             router = [*router_policy_args(policy), "--decision-log", str(log), *ROUTER_ARGS]
+            router += self.router_pinning()
             with running_cluster(self.specs(wl, max_active), router, self.cfg.transport) as cl:
                 seeds = asyncio.run(seed_workers(cl.client_addr, self.ids, book.prefix, 600.0))
                 recs = asyncio.run(

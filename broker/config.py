@@ -20,6 +20,7 @@ class RouterConfig:
     decision_log: str | None = None
     calibrate: bool = True  # rates follow what requests take (broker/calibration.py)
     decode_estimate: str = "budget"  # "budget" | "ratio"
+    cpus: tuple[int, ...] | None = None  # cores the router may run on (None: any)
 
     def __post_init__(self) -> None:
         parse_policy(self.policy)  # raises ValueError on an unknown policy

@@ -73,15 +73,22 @@ def _opt(*names: str, key: str, help: str, **kw: Any) -> Any:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Result folder [default: bench-results/DATE-TIME].")  # fmt: skip
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--router-cpus", default=None, help="Pin each run's router to these cores (0-1).")
+@click.option("--cpus", "bench_cpus", default=None,
+              help="Pin this process (the load generator) to these cores.")  # fmt: skip
 @click.pass_context
 def bench(ctx: click.Context, **opts: Any) -> None:
     """Benchmark routing policies on a cluster this command starts (one per run)."""
     if ctx.invoked_subcommand is not None:
         return
     from tandem.bench.run import run_bench
+    from tandem.common.affinity import parse_cpus, pin
 
     try:
         cfg = build_config(ctx, opts)
+        pin(parse_cpus(opts["bench_cpus"]) if opts["bench_cpus"] else None)
+        if opts["router_cpus"]:
+            parse_cpus(opts["router_cpus"])  # refused here, not in each run's router
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -160,6 +167,7 @@ def build_config(ctx: click.Context, opts: dict[str, Any]) -> Any:
         keep_token_times=opts["keep_token_times"],
         seed=opts["rng_seed"],
         preset=opts["preset"],
+        router_cpus=opts["router_cpus"],
     )
 
 

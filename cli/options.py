@@ -58,3 +58,21 @@ sim_profile = click.option(
     default=None,
     help="sim backend: the device profile (a JSON file, or a bundled name such as gpu-m2).",
 )
+
+
+def _cpus(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    from tandem.common.affinity import parse_cpus
+
+    try:
+        return parse_cpus(value) if value else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+# Shared by `tandem router` and `tandem worker`.
+cpus_option = click.option(
+    "--cpus",
+    default=None,
+    callback=_cpus,
+    help="Pin the process to these cores, e.g. 0-9,12 [default: any core].",
+)

@@ -10,7 +10,7 @@ import click
 
 from tandem.broker.calibration import DECODE_ESTIMATES
 from tandem.broker.config import RouterConfig
-from tandem.cli.options import config_default, field_option, sim_profile
+from tandem.cli.options import config_default, cpus_option, field_option, sim_profile
 from tandem.common.settings import DEFAULT_CLIENT_ADDR, DEFAULT_WORKER_ADDR, Addresses
 from tandem.workers.backends import BACKENDS
 from tandem.workers.config import WARMUP, EngineConfig, WorkerConfig
@@ -53,6 +53,7 @@ R, E, W = RouterConfig, EngineConfig, WorkerConfig
     show_default=True,
     help="Price decode by max_tokens, or scaled by the realized/requested token ratio.",
 )
+@cpus_option
 def router(
     client_addr: str,
     worker_addr: str,
@@ -62,6 +63,7 @@ def router(
     decision_log: str | None,
     calibrate: bool,
     decode_estimate: str,
+    cpus: tuple[int, ...] | None,
 ) -> None:
     """Run the router."""
     from tandem.broker.main import run_router
@@ -75,6 +77,7 @@ def router(
             decision_log=decision_log,
             calibrate=calibrate,
             decode_estimate=decode_estimate,
+            cpus=cpus,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -127,6 +130,7 @@ def router(
     help="Run every batch shape once before registering (auto: on GPU devices).",
 )
 @sim_profile
+@cpus_option
 def worker(
     router_addr: str,
     backend: str,
@@ -145,6 +149,7 @@ def worker(
     decode_tok_s: str | None,
     warmup: str,
     profile_file: str | None,
+    cpus: tuple[int, ...] | None,
 ) -> None:
     """Run a worker process (one device)."""
     from tandem.workers.main import run_worker
@@ -172,6 +177,7 @@ def worker(
             decode_tok_s=decode,
             profile=profile_file,
             warmup=warmup,
+            cpus=cpus,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -51,6 +51,7 @@ class WorkerConfig:
     prefill_tok_s: float | None = None  # None: from the stored profile, else a default
     decode_tok_s: tuple[float, ...] | None = None
     profile: str | None = None  # sim backend: its device profile file
+    cpus: tuple[int, ...] | None = None  # cores this worker (and its threads) may use
     warmup: str = "auto"  # on | off | auto (on for GPU devices): see workers.profiler.warm_up
 
     def __post_init__(self) -> None:

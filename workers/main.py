@@ -10,6 +10,7 @@ import threading
 import uuid
 
 from tandem.common import protocol as p
+from tandem.common.affinity import pin
 from tandem.workers.backends import build_backend
 from tandem.workers.config import DEFAULT_DECODE_TOK_S, DEFAULT_PREFILL_TOK_S, WorkerConfig
 from tandem.workers.engine import Backend, Engine
@@ -44,6 +45,7 @@ def rates(cfg: WorkerConfig, backend: Backend) -> tuple[float, list[float]]:
 def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
     """Serve until SIGINT/SIGTERM (or ``stop``); returns a process exit code."""
     stop = stop or threading.Event()
+    pin(cfg.cpus)  # before the backend starts its threads: they inherit it
     backend = build_backend(cfg)
     worker_id = cfg.resolved_id(backend.device)
     if cfg.wants_warmup(backend.device):
