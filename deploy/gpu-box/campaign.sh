@@ -20,7 +20,8 @@ out="$OUT/h200"
 mkdir -p "$out"
 deadline=$(( $(date +%s) + ${BUDGET_S:-560} ))
 PY=${PY:-python3}
-CPU=${CPU_WORKER:-llama.cpp:threads=12:id=cpu}
+THREADS=${CPU_THREADS:-12}
+CPU=${CPU_WORKER:-llama.cpp:threads=$THREADS:id=cpu}
 GPU=${GPU_WORKER:-mlx:device=gpu:id=gpu}
 ALL_POLICIES=(--policy forced:gpu --policy forced:cpu --policy round_robin --policy least_loaded
               --policy cache_aware --policy phase_cost)
@@ -54,7 +55,7 @@ for s in "$@"; do
     mlx) stage mlx-vs-raw 300 $PY -m tandem.bench.mlx_compare --device gpu --batches 1,2,4,8,16 \
            --n-out 128 --repeats 3 --out "$out/mlx-vs-raw.md" ;;
     profile)
-      stage profile-cpu 60 $PY -m tandem profile --backend llama.cpp --threads 12 --json
+      stage profile-cpu 60 $PY -m tandem profile --backend llama.cpp --threads "$THREADS" --json
       profile_gpu profile-gpu ;;
     knobs)  # MLX's CUDA graphs on (its default) or off: decode shapes change every step
       MLX_USE_CUDA_GRAPHS=0 profile_gpu profile-gpu-graphs0 --no-save
@@ -91,6 +92,21 @@ for s in "$@"; do
            --worker "llama.cpp:$q:threads=12:id=cpu" --worker "mlx:$q:device=gpu:id=gpu" \
            --policy forced:gpu --policy forced:cpu --policy phase_cost --requests "$n" \
            --runs "${RUNSQ:-1}" --no-progress --out "$out/qwen-seed$n"
+      done ;;
+    pinning)  # the same 8-burst with every process on all cores, then pinned, interleaved
+      # (RUNSP rounds): llama.cpp on cores 0-9 (CPU_THREADS=10 for both), the GPU
+      # worker's host thread on 10-11, the router on 12, the load generator on 13-15
+      for i in $(seq 1 "${RUNSP:-3}"); do
+        for mode in shared pinned; do
+          if [ "$mode" = pinned ]; then
+            pin=(--worker "$CPU:cpus=0-9" --worker "$GPU:cpus=10-11" --router-cpus 12 --cpus 13-15)
+          else
+            pin=(--worker "$CPU" --worker "$GPU")
+          fi
+          stage "pin-$mode-$i" 150 $PY -m tandem bench --preset seed "${pin[@]}" --requests 8 \
+             --policy forced:gpu --policy phase_cost --runs 1 --rates advertised --no-progress \
+             --out "$out/pin-$mode-$i"
+        done
       done ;;
     *) echo "unknown stage $s" >&2 ;;
   esac
