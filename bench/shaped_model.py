@@ -66,7 +66,7 @@ def write_shaped_model(shape: Shape, path: Path, like: Path | None = None, seed:
     from tandem.common.model_files import default_model_path
     from tandem.common.tokenizer import GgufMeta
 
-    source = GgufMeta(gguf.GGUFReader(like or default_model_path()))
+    source = GgufMeta(like or default_model_path())
     tokens: list[str] = source.get("tokenizer.ggml.tokens")
     if len(tokens) > shape.vocab:
         raise ValueError(f"the tokenizer has {len(tokens)} tokens, more than {shape.vocab}")

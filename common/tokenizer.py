@@ -21,9 +21,15 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from tandem.common.gguf_file import read_gguf_header
+from tandem.common.spm import build_spm_tokenizer
+
 log = logging.getLogger(__name__)
 
+SPEC_FORMAT = 2  # bump when the GGUF -> spec conversion changes: disk-cached specs are rebuilt
+
 # GGUF `tokenizer.ggml.token_type` values (llama.cpp's llama_token_type).
+_TOKEN_UNKNOWN = 2
 _TOKEN_CONTROL = 3
 _TOKEN_USER_DEFINED = 4
 
@@ -121,7 +127,8 @@ def tokenizer_spec_from_gguf(path: str | Path) -> TokenizerSpec:
 def _spec_from_disk_or_gguf(path: str, size: int, mtime_ns: int) -> TokenizerSpec:
     from tandem.common.model_files import cache_root
 
-    digest = hashlib.blake2b(f"{path}|{size}|{mtime_ns}".encode(), digest_size=8).hexdigest()
+    key = f"{path}|{size}|{mtime_ns}|{SPEC_FORMAT}"
+    digest = hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
     cached = cache_root() / "tokenizers" / f"{Path(path).stem}-{digest}.json"
     try:
         return TokenizerSpec.from_wire(json.loads(cached.read_text()))
@@ -140,25 +147,37 @@ def _spec_from_disk_or_gguf(path: str, size: int, mtime_ns: int) -> TokenizerSpe
 
 @functools.lru_cache(maxsize=8)
 def _spec_from_gguf_cached(path: str, mtime_ns: int) -> TokenizerSpec:
-    from gguf import GGUFReader  # heavy import, only needed here
-
-    meta = GgufMeta(GGUFReader(path))
+    meta = GgufMeta(path)
     model = meta.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ValueError(f"{path}: tokenizer model {model!r} is not supported (only 'gpt2' BPE)")
     tokens: list[str] = meta.get("tokenizer.ggml.tokens")
     types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     pre = meta.get("tokenizer.ggml.pre") or "default"
-    tokenizer_json = _build_tokenizer_json(tokens, types, meta.get("tokenizer.ggml.merges"), pre)
+    bos_id = meta.get("tokenizer.ggml.bos_token_id")
+    add_bos = meta.get("tokenizer.ggml.add_bos_token")
+    if model == "gpt2":
+        tok = _bpe_tokenizer(tokens, meta.get("tokenizer.ggml.merges"), pre)
+        if add_bos is None:
+            add_bos = pre in _ADD_BOS_BY_DEFAULT
+    elif model == "llama":
+        add_space_prefix = meta.get("tokenizer.ggml.add_space_prefix")
+        tok = build_spm_tokenizer(
+            tokens,
+            meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens),
+            meta.get("tokenizer.ggml.unknown_token_id"),
+            add_space_prefix is not False,  # llama.cpp's default for SPM is on
+        )
+        add_bos = add_bos is not False
+    else:
+        raise ValueError(
+            f"{path}: tokenizer model {model!r} is not supported "
+            "(only 'gpt2' BPE and 'llama' SentencePiece)"
+        )
+    _add_special_tokens(tok, tokens, types, _rstrip_ids(meta.get("general.name"), tokens, types))
 
     eos_ids = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
     eos_ids += [i for i, t in enumerate(tokens) if t in EOG_TEXTS]
-    bos_id = meta.get("tokenizer.ggml.bos_token_id")
-    add_bos = meta.get("tokenizer.ggml.add_bos_token")
-    if add_bos is None:
-        add_bos = pre in _ADD_BOS_BY_DEFAULT
     return TokenizerSpec(
-        tokenizer_json=tokenizer_json,
+        tokenizer_json=tok.to_str(),
         chat_template=meta.get("tokenizer.chat_template"),
         eos_ids=tuple(dict.fromkeys(i for i in eos_ids if i is not None)),  # dedup, keep order
         bos_id=bos_id,
@@ -167,26 +186,14 @@ def _spec_from_gguf_cached(path: str, mtime_ns: int) -> TokenizerSpec:
 
 
 class GgufMeta:
-    """Typed access to GGUF key/values through the `gguf` reader's raw parts."""
+    """A GGUF file's key/values (its header only, no tensor data)."""
 
-    def __init__(self, reader: Any) -> None:
-        self._fields = reader.fields
+    def __init__(self, path: str | Path) -> None:
+        self.header = read_gguf_header(path)
 
     def get(self, key: str) -> Any:
-        from gguf import GGUFValueType
-
-        f = self._fields.get(key)
-        if f is None:
-            return None
-        kind = f.types[0]
-        if kind == GGUFValueType.ARRAY:
-            if f.types[-1] == GGUFValueType.STRING:
-                return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
-            return [f.parts[i].tolist()[0] for i in f.data]
-        if kind == GGUFValueType.STRING:
-            return bytes(f.parts[f.data[0]]).decode("utf-8")
-        value = f.parts[f.data[0]].tolist()[0]
-        return bool(value) if kind == GGUFValueType.BOOL else value
+        """The value of `key` (lists for arrays), or None when absent."""
+        return self.header.kv.get(key)
 
 
 def _pre_tokenizer(pre: str) -> tuple[Any, bool]:
@@ -206,8 +213,8 @@ def _pre_tokenizer(pre: str) -> tuple[Any, bool]:
     return byte_level, False
 
 
-def _build_tokenizer_json(tokens: list[str], types: list[int], merges: list[str], pre: str) -> str:
-    """An HF tokenizer JSON for a GPT-2 style byte-level BPE vocabulary."""
+def _bpe_tokenizer(tokens: list[str], merges: list[str], pre: str) -> Tokenizer:
+    """An HF tokenizer for a GPT-2 style byte-level BPE vocabulary (no added tokens yet)."""
     vocab: dict[str, int] = {}
     for i, text in enumerate(tokens):
         # As llama.cpp's loader: empty texts get a placeholder, a duplicate's last id wins.
@@ -217,13 +224,35 @@ def _build_tokenizer_json(tokens: list[str], types: list[int], merges: list[str]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges))
     tok.pre_tokenizer = pre_tok
     tok.decoder = decoders.ByteLevel()
-    # Control tokens are matched in text only when special parsing is on;
-    # user-defined ones always (llama.cpp tokenizer_st_partition).
-    control = [i for i, t in enumerate(types) if t == _TOKEN_CONTROL]
+    return tok
+
+
+def _rstrip_ids(name: str | None, tokens: list[str], types: list[int]) -> frozenset[int]:
+    """Tokens that eat the whitespace after them: llama.cpp sets this for Phi-3 models
+    (by `general.name`) on its special tokens and `</s>`, except `<unk>`, `<s>` and
+    `<|endoftext|>` (llama-vocab.cpp, "set attributes by model name")."""
+    if not name or not any(n in name.lower() for n in ("phi-3", "phi3")):
+        return frozenset()
+    special = (_TOKEN_UNKNOWN, _TOKEN_CONTROL, _TOKEN_USER_DEFINED)
+    ids = {i for i, t in enumerate(types) if t in special} | {
+        i for i, text in enumerate(tokens) if text == "</s>"
+    }
+    return frozenset(i for i in ids if tokens[i] not in ("<unk>", "<s>", "<|endoftext|>"))
+
+
+def _add_special_tokens(
+    tok: Tokenizer, tokens: list[str], types: list[int], rstrip: frozenset[int]
+) -> None:
+    """Control (and unknown) tokens are matched in text only when special parsing is
+    on; user-defined ones always (llama.cpp tokenizer_st_partition)."""
+    control = [i for i, t in enumerate(types) if t in (_TOKEN_CONTROL, _TOKEN_UNKNOWN)]
     user = [i for i, t in enumerate(types) if t == _TOKEN_USER_DEFINED]
-    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in control])
-    tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in user])
-    return tok.to_str()
+
+    def added(i: int, special: bool) -> AddedToken:
+        return AddedToken(tokens[i], special=special, normalized=False, rstrip=i in rstrip)
+
+    tok.add_special_tokens([added(i, True) for i in control])
+    tok.add_tokens([added(i, False) for i in user])
 
 
 class TextTokenizer:

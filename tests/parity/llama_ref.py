@@ -1,0 +1,106 @@
+"""llama.cpp as the reference: its tokenizer, end-of-generation set, pieces and logits,
+through the low-level API (one model per call, freed afterwards)."""
+
+from __future__ import annotations
+
+import ctypes
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+
+@contextmanager
+def llama_vocab(path: Path) -> Iterator[tuple[Any, Any]]:
+    """(llama_cpp module, vocab) of `path`, loaded vocabulary-only."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp.llama_backend_init()
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    assert model, f"llama.cpp could not load {path}"
+    try:
+        yield llama_cpp, llama_cpp.llama_model_get_vocab(model)
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
+def llama_tokenize(vocab: tuple[Any, Any], text: str, parse_special: bool) -> list[int]:
+    """llama_tokenize without BOS/EOS (add_special false)."""
+    llama_cpp, v = vocab
+    data = text.encode("utf-8")
+    n_max = 2 * len(data) + 8  # SPM may add a prefix space and byte tokens: room enough
+    buf = (llama_cpp.llama_token * n_max)()
+    n = llama_cpp.llama_tokenize(v, data, len(data), buf, n_max, False, parse_special)
+    assert n >= 0, f"llama_tokenize needed {-n} slots"
+    return list(buf[:n])
+
+
+def llama_eog_ids(vocab: tuple[Any, Any]) -> set[int]:
+    llama_cpp, v = vocab
+    n_vocab = llama_cpp.llama_vocab_n_tokens(v)
+    return {i for i in range(n_vocab) if llama_cpp.llama_vocab_is_eog(v, ctypes.c_int32(i))}
+
+
+def llama_piece(vocab: tuple[Any, Any], token: int) -> bytes:
+    """The bytes llama.cpp renders for `token` (special tokens not rendered)."""
+    llama_cpp, v = vocab
+    buf = ctypes.create_string_buffer(256)
+    n = llama_cpp.llama_token_to_piece(v, token, buf, len(buf), 0, False)
+    assert n >= 0
+    return buf.raw[:n]
+
+
+def llama_logits(path: Path, ids: list[int], n_ctx: int = 512) -> np.ndarray:
+    """Logits at every position of `ids`, one batch, 2 threads."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp.llama_backend_init()
+    model = llama_cpp.llama_model_load_from_file(
+        str(path).encode(), llama_cpp.llama_model_default_params()
+    )
+    assert model, f"llama.cpp could not load {path}"
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = params.n_batch = params.n_ubatch = n_ctx
+    params.n_threads = params.n_threads_batch = 2
+    ctx = llama_cpp.llama_init_from_model(model, params)
+    batch = llama_cpp.llama_batch_init(len(ids), 0, 1)
+    try:
+        for i, token in enumerate(ids):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, i, 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = True
+        batch.n_tokens = len(ids)
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+        n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx), (len(ids), n_vocab))
+        return logits.copy()
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)
+        llama_cpp.llama_model_free(model)
+
+
+def mean_nll(logits: np.ndarray, ids: list[int]) -> float:
+    """Mean negative log-likelihood of ids[1:] given each prefix."""
+    x = logits[:-1].astype(np.float64)
+    log_z = np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1)) + x.max(-1)
+    return float(np.mean(log_z - x[np.arange(len(ids) - 1), ids[1:]]))
+
+
+def random_text(rng: random.Random) -> str:
+    """Strings that stress pre-tokenization: digit runs, unicode, whitespace runs, contractions."""
+    pieces = [
+        lambda: "".join(rng.choices("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", k=8)),
+        lambda: "".join(rng.choices("0123456789", k=rng.randint(1, 12))),
+        lambda: rng.choice([" ", "  ", "   ", "\n", "\n\n", "\t", " \n ", "\r\n", "\u3000"]),
+        lambda: rng.choice(["'s", "'t", "'re", "'ll", "n't", "'D", "’s"]),
+        lambda: "".join(rng.choices(".,;:!?()[]{}<>|/\\\"'`~@#$%^&*-_=+", k=rng.randint(1, 4))),
+        lambda: rng.choice(["日本語", "über", "naïve", "Ελληνικά", "русский", "١٢٣", "½", "²"]),
+        lambda: rng.choice(["😀", "👍🏽", "🇫🇷", "\u200b", "é", "ñ", "ß", "€"]),
+        lambda: chr(rng.randint(0x20, 0x2FFF)),
+    ]
+    return "".join(rng.choice(pieces)() for _ in range(rng.randint(1, 20)))
