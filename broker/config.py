@@ -21,8 +21,12 @@ class RouterConfig:
     calibrate: bool = True  # rates follow what requests take (broker/calibration.py)
     decode_estimate: str = "budget"  # "budget" | "ratio"
     cpus: tuple[int, ...] | None = None  # cores the router may run on (None: any)
+    metrics_port: int | None = None  # serve /metrics there (0: any free port); None: off
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError("metrics_port must be in 0..65535")
         parse_policy(self.policy)  # raises ValueError on an unknown policy
         if self.decode_estimate not in DECODE_ESTIMATES:
             raise ValueError(f"decode_estimate must be one of {DECODE_ESTIMATES}")

@@ -19,6 +19,7 @@ import zmq
 from tandem.broker.calibration import Calibration
 from tandem.broker.config import RouterConfig
 from tandem.broker.decisions import DecisionLog, decision_record
+from tandem.broker.metrics import RouterMetrics
 from tandem.broker.policies import NoCandidate, parse_policy
 from tandem.broker.registry import Routed, WorkerState, ready_problem
 from tandem.broker.requests import ClientRequest, prompt_tokens, validate_submit
@@ -44,6 +45,9 @@ class Router:
         self.worker_sock = RouterSocket(self.cfg.addresses.worker)
         self.decisions = DecisionLog(self.cfg.decision_log) if self.cfg.decision_log else None
         self.calibration = Calibration(self.cfg.calibrate, self.cfg.decode_estimate)
+        self.metrics = RouterMetrics(
+            lambda: (len(self.workers), len(self.requests), len(self.pending))
+        )
         self._by_client: dict[tuple[bytes, str], str] = {}
         self._by_identity: dict[bytes, str] = {}  # worker socket identity -> worker id
         self._next_id = 0
@@ -90,6 +94,7 @@ class Router:
         reply = self.client_sock.send
         if isinstance(msg, p.ProtocolError):
             log.info("rejected client frame: %s", msg.message)
+            self.metrics.on_rejected("client", msg.code)
             reply(identity, p.Error(msg.code, msg.message, msg.request_id))
         elif isinstance(msg, p.Hello):
             reply(identity, p.Welcome(policy=self.policy.name))
@@ -104,7 +109,13 @@ class Router:
             ]
             reply(
                 identity,
-                p.StatusReply(self.policy.name, rows, len(self.requests), len(self.pending)),
+                p.StatusReply(
+                    self.policy.name,
+                    rows,
+                    len(self.requests),
+                    len(self.pending),
+                    self.metrics.activity(),
+                ),
             )
         else:
             reply(identity, p.Error(p.BAD_REQUEST, f"clients may not send {msg.TYPE!r}"))
@@ -133,6 +144,7 @@ class Router:
                     self.client_sock.send(
                         identity, p.Done(request_id, p.FinishReason.CANCELLED, {})
                     )
+                    self.metrics.on_outcome(req.policy, "cancelled")
             return  # unknown or finished: cancel is idempotent
         req = self.requests[wid]
         self.worker_sock.send(self.workers[req.worker_id].identity, p.Cancel(wid))
@@ -160,6 +172,7 @@ class Router:
 
     def route(self, req: ClientRequest) -> None:
         sub = req.submit
+        t0 = time.perf_counter()
         try:
             tokens = prompt_tokens(sub, self.tokenizer)
         except ValueError as exc:
@@ -186,6 +199,9 @@ class Router:
             self._fail(req, code, f"{exc} that fits this request" if too_long else str(exc))
             return
         req.policy = policy.name
+        self.metrics.on_decision(
+            sub.request_id, policy.name, rr, decision, views, time.perf_counter() - t0
+        )
         if self.decisions:
             extra = self.calibration.log_fields()
             record = decision_record(sub.request_id, policy.name, rr, views, decision, extra)
@@ -216,6 +232,7 @@ class Router:
     def on_worker(self, identity: bytes, msg: p.Message | p.ProtocolError) -> None:
         if isinstance(msg, p.ProtocolError):
             log.warning("rejected worker frame from %r: %s", identity, msg.message)
+            self.metrics.on_rejected("worker", msg.code)
             self.worker_sock.send(identity, p.Error(msg.code, msg.message, msg.request_id))
             return
         if isinstance(msg, p.Ready):
@@ -232,6 +249,7 @@ class Router:
             self.calibration.on_heartbeat(w.id, len(msg.active))
             if not w.cache.apply(msg.cache):
                 self.worker_sock.send(identity, p.ResyncCache())
+            self.metrics.on_heartbeat(w, self.calibration.describe(w.id))
         elif isinstance(msg, p.TokenDelta | p.Done | p.Error):
             self.relay(w, msg)
         elif isinstance(msg, p.Goodbye):
@@ -277,6 +295,7 @@ class Router:
         sub = req.submit
         if isinstance(msg, p.TokenDelta):
             req.on_tokens(msg, time.monotonic())
+            self.metrics.on_tokens(w.id, len(msg.token_ids))
             routed = w.inflight.get(wid)
             if routed is not None and routed.relayed(len(msg.token_ids)):
                 self.calibration.on_progress(w.id, routed.tokens_seen, req.t_first)
@@ -286,6 +305,7 @@ class Router:
                 # The client is gone (or not reading): stop spending the worker on it.
                 self.worker_sock.send(w.identity, p.Cancel(wid))
                 self._forget(w, req)
+                self.metrics.on_outcome(req.policy, "client_gone")
             return
         self._forget(w, req)
         if isinstance(msg, p.Done):
@@ -297,8 +317,10 @@ class Router:
                 )
             stats = req.final_stats(msg.stats, time.monotonic(), req.policy)
             self.client_sock.send(req.client, p.Done(sub.request_id, msg.finish_reason, stats))
+            self.metrics.on_done(req.policy, msg.finish_reason, stats)
         else:
             self.client_sock.send(req.client, p.Error(msg.code, msg.message, sub.request_id))
+            self.metrics.on_outcome(req.policy, msg.code)
 
     def expire_workers(self) -> None:
         now = time.monotonic()
@@ -312,6 +334,7 @@ class Router:
         if self._by_identity.get(w.identity) == w.id:
             del self._by_identity[w.identity]
         self.calibration.forget(w.id)
+        self.metrics.on_worker_removed(w.id)
         now, again = time.monotonic(), []
         for wid in list(w.inflight):
             req = self.requests.get(wid)
@@ -332,6 +355,7 @@ class Router:
 
     def _fail(self, req: ClientRequest, code: str, message: str) -> None:
         self.client_sock.send(req.client, p.Error(code, message, req.submit.request_id))
+        self.metrics.on_outcome(req.policy, code)
 
     def _worker_by_identity(self, identity: bytes) -> WorkerState | None:
         wid = self._by_identity.get(identity)

@@ -6,10 +6,12 @@ from __future__ import annotations
 import click
 
 from tandem.cli.bench import bench
+from tandem.cli.gateway import gateway
 from tandem.cli.options import setup_logging
 from tandem.cli.profile import profile
 from tandem.cli.route import decisions, route
 from tandem.cli.serve import router, worker
+from tandem.cli.top import top
 from tandem.cli.use import generate, status
 from tandem.common.settings import env_str
 
@@ -21,5 +23,5 @@ def main(log_level: str) -> None:
     setup_logging(log_level)
 
 
-for command in (router, worker, generate, status, profile, route, decisions, bench):
+for command in (router, worker, gateway, generate, status, top, profile, route, decisions, bench):
     main.add_command(command)

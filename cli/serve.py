@@ -54,6 +54,20 @@ R, E, W = RouterConfig, EngineConfig, WorkerConfig
     help="Price decode by max_tokens, or scaled by the realized/requested token ratio.",
 )
 @cpus_option
+@click.option(
+    "--metrics-port",
+    type=int,
+    envvar="TANDEM_METRICS_PORT",
+    default=None,
+    help="Serve Prometheus /metrics on this port (off when unset).",
+)
+@click.option(
+    "--metrics-host",
+    envvar="TANDEM_METRICS_HOST",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the metrics endpoint binds.",
+)
 def router(
     client_addr: str,
     worker_addr: str,
@@ -64,6 +78,8 @@ def router(
     calibrate: bool,
     decode_estimate: str,
     cpus: tuple[int, ...] | None,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Run the router."""
     from tandem.broker.main import run_router
@@ -78,6 +94,8 @@ def router(
             calibrate=calibrate,
             decode_estimate=decode_estimate,
             cpus=cpus,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -52,8 +52,37 @@ class AsyncClient:
         async for delta in self._run(prompt, kwargs, {}):
             yield delta
 
+    async def events(
+        self, prompt: str | None = None, **kwargs: Any
+    ) -> AsyncIterator[Delta | Result]:
+        """Yields Deltas as they arrive, then the final Result (usage, finish reason).
+
+        Leaving the loop early (break, task cancelled) cancels the request."""
+        out: dict[str, Assembly] = {}
+        run = self._run(prompt, kwargs, out)
+        try:
+            async for delta in run:
+                yield delta
+        finally:  # closing this generator closes _run now, not when it is collected
+            await run.aclose()
+        result = out["asm"].result
+        assert result is not None
+        yield result
+
+    def cancel(self, request_id: str) -> None:
+        """Ask the router to stop ``request_id`` (idempotent). Sends without awaiting, so
+        it also works from cleanup code running inside a cancelled task."""
+        try:
+            sent = self._sock.send(p.encode(p.Cancel(request_id)), zmq.NOBLOCK)
+        except zmq.ZMQError:  # socket closed: nothing left to cancel through
+            return
+        # A full queue fails the future (EAGAIN); read its outcome so asyncio does not warn.
+        sent.add_done_callback(lambda f: f.cancelled() or f.exception())
+
     async def status(self) -> p.StatusReply:
         box = self._box(None)
+        while not box.empty():  # a reply to an earlier status call that timed out
+            box.get_nowait()
         await self._sock.send(p.encode(p.StatusQuery()))
         msg = await self._get(box, None)
         if isinstance(msg, p.Error):
@@ -69,13 +98,21 @@ class AsyncClient:
         box = self._box(rid)
         asm = out["asm"] = Assembly(rid)
         await self._sock.send(p.encode(submit))
+        ended = False  # done, or failed: the router holds nothing to cancel
         try:
             while asm.result is None:
-                delta = asm.apply(await self._get(box, rid))
+                try:
+                    delta = asm.apply(await self._get(box, rid))
+                except TandemError:
+                    ended = True
+                    raise
                 if delta is not None:
                     yield delta
+            ended = True
         finally:
             self._boxes.pop(rid, None)
+            if not ended:  # the caller left early: free the worker's slot
+                self.cancel(rid)
 
     def _box(self, rid: str | None) -> asyncio.Queue[p.Message]:
         if self._reader is None or self._reader.done():
@@ -83,6 +120,8 @@ class AsyncClient:
         return self._boxes.setdefault(rid, asyncio.Queue())
 
     async def _get(self, box: asyncio.Queue[p.Message], rid: str | None) -> p.Message:
+        if not box.empty():  # tokens often arrive in bursts: skip wait_for's task and timer
+            return box.get_nowait()
         try:
             return await asyncio.wait_for(box.get(), self.timeout_s)
         except TimeoutError:

@@ -208,6 +208,7 @@ class StatusReply(Message):
     workers: list[dict[str, Any]]
     requests_in_flight: int = 0
     requests_pending: int = 0  # waiting for a worker (none yet, or theirs was lost)
+    activity: dict[str, Any] = field(default_factory=dict)  # totals, recent decisions
 
 
 # ---------------------------------------------------------------- router -> client

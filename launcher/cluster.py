@@ -14,6 +14,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,10 +23,14 @@ from tandem.client.errors import TandemError
 from tandem.client.sync import Client
 
 
-def free_tcp_address() -> str:
+def free_tcp_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+        return int(s.getsockname()[1])
+
+
+def free_tcp_address() -> str:
+    return f"tcp://127.0.0.1:{free_tcp_port()}"
 
 
 @dataclass
@@ -109,6 +115,25 @@ class Cluster:
                         )
                 time.sleep(0.1)
         raise TimeoutError(f"workers {sorted(ids)} did not register: {self.log_dir}")
+
+    def start_gateway(self, name: str = "gateway", args: tuple[str, ...] = ()) -> str:
+        """Start ``tandem gateway`` in front of this router; returns its base URL once it
+        answers /health (with any status: it may be up before any worker is)."""
+        port = free_tcp_port()
+        self._spawn(name, ["gateway", "--router", self.client_addr, "--port", str(port), *args])
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=2.0).close()
+                return url
+            except urllib.error.HTTPError:  # 503 before a worker: it is up all the same
+                return url
+            except OSError:
+                if self.procs[name].poll() is not None:
+                    raise RuntimeError(f"{name} exited: {self.log(name)}") from None
+                time.sleep(0.1)
+        raise TimeoutError(f"{name} did not answer on {url}: {self.log_dir}")
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.pop(name)

@@ -1,0 +1,266 @@
+"""The router's metrics: Prometheus series on /metrics, and the activity `tandem top` shows.
+
+The router calls one hook per event (a decision, relayed tokens, an outcome, a
+heartbeat, a worker leaving, a rejected frame); everything here is counting, so a
+hook never raises into the router. Each router owns its own registry (not
+prometheus-client's global one), so several routers can live in one process (tests).
+Names follow the vLLM / SGLang style with a ``tandem_`` prefix; docs/METRICS.md lists
+them. The HTTP endpoint runs on prometheus-client's own daemon thread: the router
+thread only updates values, which prometheus-client guards with its own locks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    start_http_server,
+)
+
+from tandem.broker.policies import Decision, RouteRequest, WorkerView
+from tandem.broker.registry import WorkerState
+
+log = logging.getLogger(__name__)
+
+# Buckets in seconds. TTFT spans a warm GPU prefix hit (ms) to a cold CPU prefill
+# behind a queue (minutes); end to end and queue wait reach further.
+TTFT_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.25, 2.5, 5, 10, 20, 40, 80)
+E2E_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 240, 480)
+DECISION_BUCKETS_S = (2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2)
+RECENT_DECISIONS = 32  # how many the status reply carries for `tandem top`
+
+
+class RouterMetrics:
+    """Every series the router exports, plus totals and recent decisions for status."""
+
+    def __init__(self, state: Callable[[], tuple[int, int, int]] | None = None) -> None:
+        """``state`` returns (workers, requests in flight, requests pending); it is read
+        at scrape time from the HTTP thread, so it must only take lengths."""
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "tandem_requests",
+            "Requests ended, by outcome (a finish reason or an error code) and policy.",
+            ["outcome", "policy"],
+            registry=r,
+        )
+        self.routed = Counter(
+            "tandem_requests_routed",
+            "Routing decisions, by the worker chosen and the deciding policy.",
+            ["worker", "policy"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "tandem_prompt_tokens", "Prompt tokens of finished requests.", ["worker"], registry=r
+        )
+        self.cached_tokens = Counter(
+            "tandem_cached_prompt_tokens",
+            "Prompt tokens a worker reused from its prefix cache.",
+            ["worker"],
+            registry=r,
+        )
+        self.generation_tokens = Counter(
+            "tandem_generation_tokens",
+            "Output tokens relayed from workers.",
+            ["worker"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "tandem_frames_rejected",
+            "Frames refused by protocol checks, by sender side and error code.",
+            ["source", "code"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "tandem_time_to_first_token_seconds",
+            "Submit received to first token relayed.",
+            ["worker"],
+            buckets=TTFT_BUCKETS_S,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "tandem_e2e_request_latency_seconds",
+            "Submit received to done relayed.",
+            ["worker"],
+            buckets=E2E_BUCKETS_S,
+            registry=r,
+        )
+        self.queue = Histogram(
+            "tandem_request_queue_time_seconds",
+            "Waiting before admission: at the router plus in the worker's queue.",
+            ["worker"],
+            buckets=E2E_BUCKETS_S,
+            registry=r,
+        )
+        self.decision = Histogram(
+            "tandem_routing_decision_seconds",
+            "Time to tokenize, score and choose a worker for one request.",
+            buckets=DECISION_BUCKETS_S,
+            registry=r,
+        )
+        self._worker_gauges(r)
+        self._state_gauges(r, state)
+        self.started = time.time()
+        self.totals = {"requests_routed": 0, "requests_ended": 0, "tokens_relayed": 0}
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)
+
+    def _worker_gauges(self, r: CollectorRegistry) -> None:
+        def gauge(name: str, doc: str, *labels: str) -> Gauge:
+            return Gauge(f"tandem_worker_{name}", doc, ["worker", *labels], registry=r)
+
+        self.g_active = gauge("active_requests", "Requests decoding, as of the last heartbeat.")
+        self.g_queued = gauge("queued_requests", "Requests in the worker's queue.")
+        self.g_inflight = gauge("inflight_requests", "Requests the router has assigned there.")
+        self.g_kv_used = gauge("kv_used_tokens", "KV cells in use (active + prefix cache).")
+        self.g_kv_cap = gauge("kv_capacity_tokens", "KV cells of the worker (n_ctx).")
+        self.g_kv_usage = gauge("kv_usage_ratio", "kv_used_tokens / kv_capacity_tokens.")
+        self.g_blocks = gauge("cached_blocks", "Prefix blocks the worker advertises.")
+        self.g_prefill = gauge(
+            "prefill_tokens_per_second", "Prefill rate: advertised or calibrated.", "source"
+        )
+        self.g_decode = gauge(
+            "decode_tokens_per_second",
+            "Aggregate decode rate at a batch size: advertised or calibrated.",
+            "source",
+            "batch",
+        )
+        self._per_worker = (
+            self.g_active,
+            self.g_queued,
+            self.g_inflight,
+            self.g_kv_used,
+            self.g_kv_cap,
+            self.g_kv_usage,
+            self.g_blocks,
+            self.g_prefill,
+            self.g_decode,
+        )
+
+    def _state_gauges(self, r: CollectorRegistry, state: Callable | None) -> None:
+        names = (
+            ("tandem_workers", "Registered workers."),
+            ("tandem_requests_in_flight", "Requests assigned to a worker."),
+            ("tandem_requests_pending", "Requests waiting for a worker."),
+        )
+        for i, (name, doc) in enumerate(names):
+            g = Gauge(name, doc, registry=r)
+            if state is not None:
+                g.set_function(lambda i=i: float(state()[i]))
+
+    # ------------------------------------------------------------ hooks
+    def on_decision(
+        self,
+        request_id: str,
+        policy: str,
+        req: RouteRequest,
+        decision: Decision,
+        views: list[WorkerView],
+        elapsed_s: float,
+    ) -> None:
+        """A worker was chosen for ``req`` among ``views`` (the candidates)."""
+        chosen = next((v for v in views if v.id == decision.worker_id), None)
+        self.decision.observe(elapsed_s)
+        self.routed.labels(decision.worker_id, policy).inc()
+        self.totals["requests_routed"] += 1
+        self.recent.append(
+            {
+                "time": round(time.time(), 3),
+                "request": request_id,
+                "worker": decision.worker_id,
+                "policy": policy,
+                "candidates": len(views),
+                "prompt_tokens": req.prompt_tokens,
+                "cached_tokens": chosen.cached_tokens if chosen else 0,
+                "score": decision.scores.get(decision.worker_id),
+                "decision_ms": round(elapsed_s * 1e3, 3),
+            }
+        )
+
+    def on_tokens(self, worker_id: str, n: int) -> None:
+        self.generation_tokens.labels(worker_id).inc(n)
+        self.totals["tokens_relayed"] += n
+
+    def on_done(self, policy: str, finish_reason: str, stats: dict[str, Any]) -> None:
+        """A request finished on a worker; ``stats`` are the Done stats sent to the client."""
+        self.on_outcome(policy, finish_reason)
+        worker = str(stats.get("worker") or "")
+        self.prompt_tokens.labels(worker).inc(_num(stats.get("prompt_tokens")))
+        self.cached_tokens.labels(worker).inc(_num(stats.get("cached_tokens")))
+        if stats.get("ttft_s") is not None:
+            self.ttft.labels(worker).observe(_num(stats["ttft_s"]))
+        self.e2e.labels(worker).observe(_num(stats.get("e2e_s")))
+        self.queue.labels(worker).observe(_num(stats.get("queue_s")))
+
+    def on_outcome(self, policy: str, outcome: str) -> None:
+        """A request ended: ``outcome`` is a finish reason or an error code."""
+        self.requests.labels(outcome, policy or "none").inc()
+        self.totals["requests_ended"] += 1
+
+    def on_rejected(self, source: str, code: str) -> None:
+        self.rejected.labels(source, code).inc()
+
+    def on_heartbeat(self, w: WorkerState, rates: dict[str, Any]) -> None:
+        """Per-worker gauges from a heartbeat; ``rates``: the calibration's status fields."""
+        hb, wid = w.heartbeat, w.id
+        if hb is None:
+            return
+        cap = hb.kv_capacity_tokens
+        self.g_active.labels(wid).set(len(hb.active))
+        self.g_queued.labels(wid).set(len(hb.queued))
+        self.g_inflight.labels(wid).set(len(w.inflight))
+        self.g_kv_used.labels(wid).set(hb.kv_used_tokens)
+        self.g_kv_cap.labels(wid).set(cap)
+        self.g_kv_usage.labels(wid).set(hb.kv_used_tokens / cap if cap else 0.0)
+        self.g_blocks.labels(wid).set(len(w.cache.held))
+        self._rates(wid, "advertised", w.info.prefill_tok_s, list(w.info.decode_tok_s))
+        if rates:
+            prefill, decode = rates["calibrated_prefill_tok_s"], rates["calibrated_decode_tok_s"]
+            self._rates(wid, "calibrated", prefill, decode)
+
+    def _rates(self, wid: str, source: str, prefill: float, decode: list[float]) -> None:
+        self.g_prefill.labels(wid, source).set(prefill)
+        for batch, rate in enumerate(decode, 1):
+            self.g_decode.labels(wid, source, str(batch)).set(rate)
+
+    def on_worker_removed(self, worker_id: str) -> None:
+        """Drop a departed worker's gauges (its counters stay: they are history)."""
+        for g in self._per_worker:
+            for labels in [k for k in _label_sets(g) if k[0] == worker_id]:
+                g.remove(*labels)
+
+    # ------------------------------------------------------------ status / serving
+    def activity(self) -> dict[str, Any]:
+        """Totals since the router started and recent decisions (the status reply's)."""
+        return {
+            **self.totals,
+            "uptime_s": round(time.time() - self.started, 3),
+            "recent_decisions": list(self.recent),
+        }
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> int:
+        """Serve /metrics on ``host:port`` from a daemon thread; returns the bound port."""
+        # The *_created series only repeat the process start time; vLLM drops them too.
+        disable_created_metrics()
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        bound = int(server.server_port)
+        log.info("router: metrics on http://%s:%d/metrics", host, bound)
+        return bound
+
+
+def _label_sets(g: Gauge) -> list[tuple[str, ...]]:
+    # prometheus-client has no public listing of a metric's children; its _metrics
+    # dict (label values -> child) is the documented-by-use way to find them.
+    return list(g._metrics)  # noqa: SLF001
+
+
+def _num(x: Any) -> float:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else 0.0

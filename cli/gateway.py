@@ -1,0 +1,71 @@
+"""``tandem gateway``: the OpenAI-compatible HTTP API in front of a router."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from tandem.cli.options import client_addr
+
+
+@click.command()
+@client_addr
+@click.option("--host", envvar="TANDEM_GATEWAY_HOST", default="127.0.0.1", show_default=True)
+@click.option("--port", envvar="TANDEM_GATEWAY_PORT", type=int, default=8000, show_default=True)
+@click.option(
+    "--api-key",
+    envvar="TANDEM_API_KEY",
+    default=None,
+    help="Require `Authorization: Bearer KEY` on /v1/* (off when unset).",
+)
+@click.option(
+    "--model-alias",
+    multiple=True,
+    help="Another name clients may use for the served model (repeatable).",
+)
+@click.option(
+    "--default-max-tokens",
+    type=int,
+    default=256,
+    show_default=True,
+    help="Output budget of a request that gives no max_tokens.",
+)
+@click.option(
+    "--max-concurrent",
+    type=int,
+    default=256,
+    show_default=True,
+    help="Requests in flight through this gateway; beyond, 429.",
+)
+@click.option("--timeout-s", type=float, default=300.0, show_default=True)
+@click.option("--access-log/--no-access-log", default=False, show_default=True)
+def gateway(
+    router_addr: str,
+    host: str,
+    port: int,
+    api_key: str | None,
+    model_alias: tuple[str, ...],
+    default_max_tokens: int,
+    max_concurrent: int,
+    timeout_s: float,
+    access_log: bool,
+) -> None:
+    """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health)."""
+    from tandem.gateway.config import GatewayConfig
+    from tandem.gateway.main import run_gateway
+
+    try:
+        cfg = GatewayConfig(
+            router_addr,
+            host,
+            port,
+            api_key,
+            model_alias,
+            default_max_tokens,
+            max_concurrent,
+            timeout_s,
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    sys.exit(run_gateway(cfg, access_log))

@@ -1,0 +1,179 @@
+"""``tandem top``: a live view of the cluster, redrawn from the router's status.
+
+Workers with their load, KV use, cached blocks and rates (advertised, and
+calibrated when the router calibrates); requests and tokens per second, from the
+router's running totals; the most recent routing decisions. ``q`` or Ctrl-C quits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import sys
+import termios
+import time
+import tty
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import click
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from tandem.cli.options import client_addr
+from tandem.common import protocol as p
+
+DECISIONS_SHOWN = 8
+
+
+@dataclass
+class Rates:
+    """Requests and tokens per second between two status replies."""
+
+    t: float = 0.0
+    routed: int = 0
+    tokens: int = 0
+    req_s: float = 0.0
+    tok_s: float = 0.0
+
+    def update(self, activity: dict[str, Any], now: float) -> None:
+        routed = int(activity.get("requests_routed", 0))
+        tokens = int(activity.get("tokens_relayed", 0))
+        dt = now - self.t
+        # A first sample, or totals that went back (a router restart), rate nothing.
+        if self.t and dt > 0 and routed >= self.routed and tokens >= self.tokens:
+            self.req_s = (routed - self.routed) / dt
+            self.tok_s = (tokens - self.tokens) / dt
+        self.t, self.routed, self.tokens = now, routed, tokens
+
+
+def render(st: p.StatusReply | None, rates: Rates, address: str, error: str = "") -> Group:
+    """One frame of the view (pure: what it shows depends on its arguments alone)."""
+    if st is None:
+        return Group(Text(f"tandem top - router {address}: {error or 'no answer'}", "bold red"))
+    act = st.activity
+    head = Text.assemble(
+        ("tandem top", "bold"),
+        f"  router {address}  policy {st.policy}  workers {len(st.workers)}  ",
+        f"in flight {st.requests_in_flight}  pending {st.requests_pending}  ",
+        (f"{rates.req_s:.1f} req/s  {rates.tok_s:.0f} tok/s", "bold cyan"),
+        f"  up {float(act.get('uptime_s', 0)):.0f}s   (q quits)",
+    )
+    return Group(head, workers_table(st.workers), decisions_table(act))
+
+
+def workers_table(rows: list[dict[str, Any]]) -> Table:
+    """Rates read "advertised (calibrated)" tok/s; decode is at batch 1."""
+    t = Table(title="workers  (rates: advertised (calibrated) tok/s)", title_justify="left")
+    for col in ("worker", "device", "act", "queue", "infl", "routed", "KV", "blocks"):
+        t.add_column(col, justify="left" if col in ("worker", "device") else "right")
+    for col in ("prefill", "decode", "seen"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for w in rows:
+        cap = w.get("kv_capacity_tokens") or 0
+        t.add_row(
+            str(w["id"]),
+            str(w["device"]),
+            f"{w['active']}/{w['max_active']}",
+            str(w["queued"]),
+            str(w["inflight"]),
+            str(w["routed_total"]),
+            f"{100 * w['kv_used_tokens'] / cap:.0f}%" if cap else "-",
+            str(w["cached_blocks"]),
+            _rate(w["prefill_tok_s"], w.get("calibrated_prefill_tok_s")),
+            _rate(_first(w["decode_tok_s"]), _first(w.get("calibrated_decode_tok_s"))),
+            f"{w['last_seen_s']:.1f}s",
+        )
+    if not rows:
+        t.add_row("(no worker registered)", *[""] * 10)
+    return t
+
+
+def decisions_table(activity: dict[str, Any]) -> Table:
+    t = Table(title="recent routing decisions", title_justify="left")
+    for col in ("time", "request", "worker", "policy", "prompt", "cached", "of", "score", "ms"):
+        t.add_column(col, justify="right" if col not in ("request", "worker", "policy") else "left")
+    for d in reversed(activity.get("recent_decisions", [])[-DECISIONS_SHOWN:]):
+        score = d.get("score")
+        t.add_row(
+            time.strftime("%H:%M:%S", time.localtime(d["time"])),
+            str(d["request"])[:12],
+            str(d["worker"]),
+            str(d["policy"]),
+            str(d["prompt_tokens"]),
+            str(d["cached_tokens"]),
+            str(d["candidates"]),
+            f"{score:.3g}" if isinstance(score, int | float) else "-",
+            f"{d['decision_ms']:.2f}",
+        )
+    return t
+
+
+def _first(rates: list[float] | None) -> float | None:
+    return rates[0] if rates else None
+
+
+def _rate(advertised: float | None, calibrated: float | None) -> str:
+    if advertised is None:
+        return "-"
+    return f"{advertised:.0f}" + (f" ({calibrated:.0f})" if calibrated is not None else "")
+
+
+@contextlib.contextmanager
+def keys() -> Iterator[Any]:
+    """A function waiting up to ``timeout_s`` for a key (None if none), with the
+    terminal in cbreak mode for the duration; without a terminal, it only sleeps."""
+    fd = sys.stdin.fileno() if sys.stdin and sys.stdin.isatty() else None
+    if fd is None:
+        yield lambda timeout_s: time.sleep(timeout_s)
+        return
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)
+
+    def read(timeout_s: float) -> str | None:
+        ready, _, _ = select.select([fd], [], [], timeout_s)
+        return os.read(fd, 1).decode(errors="replace") if ready else None
+
+    try:
+        yield read
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+@click.command()
+@client_addr
+@click.option("--interval-s", type=float, default=1.0, show_default=True)
+@click.option("--once", is_flag=True, help="Print one frame and exit (no live redraw).")
+def top(router_addr: str, interval_s: float, once: bool) -> None:
+    """A live view of the cluster: workers, load, rates, recent routing decisions."""
+    from tandem.client import Client, TandemError
+
+    if interval_s <= 0:
+        raise click.UsageError("--interval-s must be > 0")
+    rates = Rates()
+
+    def frame(c: Client) -> RenderableType:
+        try:
+            st = c.status()
+        except TandemError as exc:
+            return render(None, rates, router_addr, str(exc))
+        rates.update(st.activity, time.monotonic())
+        return render(st, rates, router_addr)
+
+    console = Console()
+    with Client(router_addr, connect_timeout_s=min(interval_s, 2.0), retries=0) as c:
+        if once:
+            console.print(frame(c))
+            return
+        # Ctrl-C may land anywhere (a status call, a redraw): catch it around it all.
+        with (
+            contextlib.suppress(KeyboardInterrupt),
+            keys() as read_key,
+            Live(frame(c), console=console, screen=True) as live,
+        ):
+            while read_key(interval_s) not in ("q", "Q"):
+                live.update(frame(c))

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP gateway: a client of the router, holding no routing state."""

@@ -1,0 +1,281 @@
+"""The gateway's HTTP API: OpenAI's chat and text completions, models, health.
+
+A client of the router like any other (one ``AsyncClient``, one DEALER socket, every
+request multiplexed over it): no routing state lives here, so several gateways can
+front one router. The router's status, cached for ``status_ttl_s``, answers which
+model is served and whether any worker is there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tandem.client.aio import AsyncClient
+from tandem.client.errors import TandemError
+from tandem.client.session import Delta, Result
+from tandem.common import protocol as p
+from tandem.gateway.config import GatewayConfig
+from tandem.gateway.disconnect import ClientGone, EventStream, unless_disconnected
+from tandem.gateway.errors import ApiError
+from tandem.gateway.parse import Generation, parse_chat, parse_completion
+from tandem.gateway.render import DONE_EVENT, Reply, sse
+
+log = logging.getLogger(__name__)
+STATUS_TIMEOUT_S = 3.0  # a router that does not answer status this fast is down for us
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class Gateway:
+    """State shared by all requests: the router connection, its cached status, the
+    count of requests in flight."""
+
+    def __init__(self, cfg: GatewayConfig) -> None:
+        self.cfg = cfg
+        self.client: AsyncClient | None = None
+        self.status_client: AsyncClient | None = None
+        self.inflight = 0
+        self._status: p.StatusReply | None = None
+        self._status_at = 0.0
+        self._status_lock: asyncio.Lock | None = None
+
+    async def start(self) -> None:
+        self.client = AsyncClient(self.cfg.router, timeout_s=self.cfg.request_timeout_s)
+        # Its own socket with a short timeout: a slow status must not look like a
+        # generation timeout, and a dead router must answer 503 quickly.
+        self.status_client = AsyncClient(self.cfg.router, timeout_s=STATUS_TIMEOUT_S)
+        self._status_lock = asyncio.Lock()
+
+    async def stop(self) -> None:
+        for c in (self.client, self.status_client):
+            if c is not None:
+                await c.close()
+
+    # ------------------------------------------------------------ router status
+    async def status(self, fresh: bool = False) -> p.StatusReply:
+        """The router's status, at most ``status_ttl_s`` old unless ``fresh``."""
+        assert self.status_client is not None and self._status_lock is not None
+        async with self._status_lock:
+            age_s = time.monotonic() - self._status_at
+            if fresh or self._status is None or age_s > self.cfg.status_ttl_s:
+                try:
+                    self._status = await self.status_client.status()
+                except TandemError as exc:
+                    raise ApiError(
+                        503, f"the router does not answer: {exc}", "service_unavailable"
+                    ) from None
+                self._status_at = time.monotonic()
+            return self._status
+
+    async def served_model(self, asked: str | None) -> str:
+        """The model name to answer with; 503 without workers, 404 for another model."""
+        st = await self.status()
+        if not st.workers:  # perhaps one joined since: ask again before refusing
+            st = await self.status(fresh=True)
+        if not st.workers:
+            raise ApiError(503, "no worker is connected to the router", "service_unavailable")
+        model = str(st.workers[0]["model"])
+        if asked is None or asked == model or asked in self.cfg.model_aliases:
+            return asked or model
+        raise ApiError(
+            404,
+            f"the model {asked!r} does not exist; this server has {model!r}",
+            param="model",
+            code="model_not_found",
+        )
+
+    # ------------------------------------------------------------ admission
+    def admit(self) -> None:
+        if self.inflight >= self.cfg.max_concurrent:
+            raise ApiError(
+                429,
+                f"{self.inflight} requests in flight through this gateway; retry later",
+                "rate_limit_error",
+                code="overloaded",
+            )
+        self.inflight += 1
+
+    def release(self) -> None:
+        self.inflight -= 1
+
+    def authorize(self, request: Request) -> None:
+        key = self.cfg.api_key
+        if key is None:
+            return
+        given = request.headers.get("authorization", "")
+        token = given[7:] if given[:7].lower() == "bearer " else ""
+        if not hmac.compare_digest(token.encode(), key.encode()):
+            raise ApiError(401, "missing or incorrect API key", code="invalid_api_key")
+
+    async def body(self, request: Request) -> Any:
+        limit = self.cfg.max_body_bytes
+        if int(request.headers.get("content-length") or 0) > limit:
+            raise ApiError(413, f"request body over {limit} bytes", code="body_too_large")
+        raw = bytearray()
+        async for piece in request.stream():
+            raw += piece
+            if len(raw) > limit:
+                raise ApiError(413, f"request body over {limit} bytes", code="body_too_large")
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ApiError.bad("the request body is not valid JSON") from None
+
+    # ------------------------------------------------------------ generation
+    async def generate(self, request: Request, chat: bool) -> Response:
+        self.authorize(request)
+        parse = parse_chat if chat else parse_completion
+        gen = parse(await self.body(request), self.cfg.default_max_tokens)
+        reply = Reply(chat, uuid.uuid4().hex, await self.served_model(gen.model))
+        self.admit()
+        try:
+            if gen.stream:
+                return await self._stream(request, gen, reply)
+            result = await unless_disconnected(request, self._complete(gen, reply))
+            return JSONResponse(reply.complete(result))
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it; nginx's "client closed"
+        except TandemError as exc:
+            raise ApiError.from_tandem(exc) from None
+        finally:
+            if not gen.stream:
+                self.release()
+
+    async def _complete(self, gen: Generation, reply: Reply) -> Result:
+        assert self.client is not None
+        return await self.client.generate(request_id=reply.request_id, **gen.options, stream=False)
+
+    async def _stream(self, request: Request, gen: Generation, reply: Reply) -> Response:
+        """Wait for the first token (so errors still get their status), then stream."""
+        assert self.client is not None
+        events = self.client.events(request_id=reply.request_id, **gen.options, stream=True)
+        try:
+            first = await unless_disconnected(request, anext(events))
+        except BaseException:
+            self.release()
+            raise
+        ended: list[bool] = []  # filled once the request is over at the router
+
+        def close() -> None:  # runs however the response ends, even if never started
+            self.release()
+            if not ended:  # the client left (or the stream broke): free the worker
+                self.client.cancel(reply.request_id)  # type: ignore[union-attr]
+
+        body = self._events(events, first, gen, reply, ended)
+        return EventStream(body, headers=SSE_HEADERS, on_close=close)
+
+    async def _events(
+        self,
+        events: AsyncIterator[Delta | Result],
+        item: Delta | Result,
+        gen: Generation,
+        reply: Reply,
+        ended: list[bool],
+    ) -> AsyncIterator[bytes]:
+        try:
+            role = reply.chat  # the first chat chunk carries the assistant role
+            while isinstance(item, Delta):
+                if role:
+                    yield reply.chunk(item.text, role=True)
+                    role = False
+                elif item.text:
+                    yield reply.text_chunk(item.text)
+                item = await anext(events)
+            ended.append(True)
+            # The closing events in one write: the client sees the end at once.
+            tail = reply.chunk(None, item.finish_reason)
+            if gen.include_usage:
+                tail += reply.usage_chunk(item)
+        except TandemError as exc:  # after a 200 went out, errors travel as an event
+            ended.append(True)
+            tail = sse(ApiError.from_tandem(exc).body())
+        yield tail + DONE_EVENT
+
+    # ------------------------------------------------------------ other endpoints
+    async def models(self, request: Request) -> Response:
+        self.authorize(request)
+        st = await self.status()
+        names = {str(w["model"]) for w in st.workers}
+        if names:
+            names |= set(self.cfg.model_aliases)
+        return JSONResponse({"object": "list", "data": [_model(n) for n in sorted(names)]})
+
+    async def model(self, request: Request) -> Response:
+        """``GET /v1/models/{id}``: the model, or 404 (503 without workers)."""
+        self.authorize(request)
+        return JSONResponse(_model(await self.served_model(request.path_params["model"])))
+
+    async def health(self, request: Request) -> Response:
+        try:
+            st = await self.status()
+        except ApiError as exc:
+            return JSONResponse({"status": "unavailable", "reason": exc.message}, 503)
+        ready = bool(st.workers)
+        body = {"status": "ok" if ready else "no_workers", "workers": len(st.workers)}
+        return JSONResponse(body, 200 if ready else 503)
+
+
+def build_app(cfg: GatewayConfig) -> Starlette:
+    """The ASGI application (served by ``tandem gateway`` through uvicorn)."""
+    gw = Gateway(cfg)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await gw.start()
+        log.info("gateway: router %s", cfg.router)
+        try:
+            yield
+        finally:
+            await gw.stop()
+
+    async def chat(request: Request) -> Response:
+        return await gw.generate(request, chat=True)
+
+    async def completions(request: Request) -> Response:
+        return await gw.generate(request, chat=False)
+
+    routes = [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", gw.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", gw.model, methods=["GET"]),
+        Route("/health", gw.health, methods=["GET"]),
+    ]
+    handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error}
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)  # type: ignore[arg-type]
+    app.state.gateway = gw
+    return app
+
+
+def _model(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "tandem"}
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return JSONResponse(exc.body(), exc.status)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    # Starlette's own refusals (no such path, wrong method) in OpenAI's shape too.
+    assert isinstance(exc, HTTPException)
+    body = ApiError(exc.status_code, str(exc.detail)).body()
+    return JSONResponse(body, exc.status_code)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("gateway failed on %s %s", request.method, request.url.path, exc_info=exc)
+    return JSONResponse(ApiError.internal(f"internal error: {exc}").body(), 500)

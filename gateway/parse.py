@@ -1,0 +1,181 @@
+"""OpenAI request bodies -> the options of one tandem Submit, or a 400 saying what is wrong.
+
+Checked by hand rather than by a schema library, so every refusal names its field
+in OpenAI's error shape. Unknown fields are ignored, as OpenAI does; fields tandem
+cannot honour (several choices, logprobs, tools) are refused instead of silently
+dropped. tandem's own extras: ``top_k``, ``ignore_eos`` and ``worker`` (a worker id
+or device label to pin the request to).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tandem.gateway.errors import ApiError
+
+CHAT_ROLES = {"system", "user", "assistant", "tool", "developer"}
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One parsed request: the model asked for, the Submit options, how to answer."""
+
+    model: str | None
+    options: dict[str, Any]  # keyword arguments of tandem.client's make_submit
+    stream: bool
+    include_usage: bool  # stream_options.include_usage: a last chunk with usage
+
+
+def parse_chat(body: Any, default_max_tokens: int) -> Generation:
+    """A ``POST /v1/chat/completions`` body."""
+    body = _object(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError.bad("messages must be a non-empty list", "messages")
+    options = {"messages": [_message(m, i) for i, m in enumerate(messages)]}
+    _refuse(body, ("tools", "functions"), "tool calling is not supported")
+    _refuse(body, ("logprobs", "top_logprobs"), "logprobs are not supported")
+    max_tokens = _int(body, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens", 1)
+    return _generation(body, options, max_tokens or default_max_tokens)
+
+
+def parse_completion(body: Any, default_max_tokens: int) -> Generation:
+    """A ``POST /v1/completions`` body: one prompt, as text or token ids."""
+    body = _object(body)
+    options = _prompt(body.get("prompt"))
+    _refuse(body, ("logprobs", "suffix"), "logprobs and suffix are not supported")
+    if body.get("echo"):
+        raise ApiError.bad("echo is not supported", "echo")
+    if _int(body, "best_of", 1) not in (None, 1):
+        raise ApiError.bad("best_of must be 1", "best_of")
+    max_tokens = _int(body, "max_tokens", 1)
+    return _generation(body, options, max_tokens or default_max_tokens)
+
+
+def _generation(body: dict, options: dict[str, Any], max_tokens: int) -> Generation:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError.bad("model must be a string", "model")
+    if _int(body, "n", 1) not in (None, 1):
+        raise ApiError.bad("n must be 1: tandem returns one choice per request", "n")
+    temperature = _float(body, "temperature", 0.0, 2.0)
+    top_p = _float(body, "top_p", 0.0, 1.0)
+    if top_p == 0.0:
+        raise ApiError.bad("top_p must be in (0, 1]", "top_p")
+    options.update(
+        max_tokens=max_tokens,
+        # OpenAI's default temperature is 1, not tandem's greedy 0.
+        temperature=1.0 if temperature is None else temperature,
+        top_p=1.0 if top_p is None else top_p,
+        top_k=_int(body, "top_k", 0) or 0,
+        seed=_int(body, "seed", None),
+        stop=_stop(body.get("stop")),
+        ignore_eos=bool(_bool(body, "ignore_eos")),
+        worker=_str(body, "worker"),
+    )
+    stream = bool(_bool(body, "stream"))
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise ApiError.bad("stream_options must be an object", "stream_options")
+    include_usage = bool(_bool(so or {}, "include_usage", "stream_options.include_usage"))
+    return Generation(model, options, stream, stream and include_usage)
+
+
+# ---------------------------------------------------------------- fields
+def _object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise ApiError.bad("the request body must be a JSON object")
+    return body
+
+
+def _message(m: Any, i: int) -> dict[str, str]:
+    param = f"messages[{i}]"
+    if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES:
+        raise ApiError.bad(f"each message needs a role in {sorted(CHAT_ROLES)}", param)
+    # OpenAI's newer "developer" role is what chat templates call "system".
+    role = "system" if m["role"] == "developer" else m["role"]
+    return {"role": role, "content": _content(m.get("content"), param)}
+
+
+def _content(content: Any, param: str) -> str:
+    if content is None:  # e.g. an assistant turn that only called tools
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise ApiError.bad("only text content parts are supported", f"{param}.content")
+            if not isinstance(part.get("text"), str):
+                raise ApiError.bad("a text part needs a string text", f"{param}.content")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise ApiError.bad("content must be a string or a list of text parts", f"{param}.content")
+
+
+def _prompt(prompt: Any) -> dict[str, Any]:
+    # One prompt per request: a string, token ids, or a list holding exactly one of those.
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str) and prompt:
+        return {"prompt": prompt}
+    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        return {"tokens": list(prompt)}
+    raise ApiError.bad("prompt must be one non-empty string or one list of token ids", "prompt")
+
+
+def _stop(stop: Any) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return list(stop)
+    raise ApiError.bad("stop must be a string or a list of strings", "stop")
+
+
+def _refuse(body: dict, names: tuple[str, ...], why: str) -> None:
+    for name in names:
+        if body.get(name):
+            raise ApiError.bad(why, name)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _int(body: dict, name: str, minimum: int | None) -> int | None:
+    x = body.get(name)
+    if x is None:
+        return None
+    if not _is_int(x) or (minimum is not None and x < minimum):
+        floor = "" if minimum is None else f" >= {minimum}"
+        raise ApiError.bad(f"{name} must be an integer{floor}", name)
+    return x
+
+
+def _float(body: dict, name: str, lo: float, hi: float) -> float | None:
+    x = body.get(name)
+    if x is None:
+        return None
+    if not (_is_int(x) or isinstance(x, float)) or not lo <= x <= hi:
+        raise ApiError.bad(f"{name} must be a number in [{lo:g}, {hi:g}]", name)
+    return float(x)
+
+
+def _bool(body: dict, name: str, param: str | None = None) -> bool | None:
+    x = body.get(name)
+    if x is not None and not isinstance(x, bool):
+        raise ApiError.bad(f"{name} must be true or false", param or name)
+    return x
+
+
+def _str(body: dict, name: str) -> str | None:
+    x = body.get(name)
+    if x is not None and (not isinstance(x, str) or not x):
+        raise ApiError.bad(f"{name} must be a non-empty string", name)
+    return x

@@ -1,0 +1,185 @@
+"""The gateway's pure parts: OpenAI bodies -> Submit options, results -> OpenAI shapes,
+tandem error codes -> HTTP statuses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from starlette.requests import Request
+
+from tandem.client.errors import NoWorkers, Overloaded, PromptTooLong, TandemError
+from tandem.client.session import Result
+from tandem.gateway.app import Gateway
+from tandem.gateway.config import GatewayConfig
+from tandem.gateway.errors import ApiError
+from tandem.gateway.parse import parse_chat, parse_completion
+from tandem.gateway.render import DONE_EVENT, Reply
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def test_chat_maps_openai_fields_onto_submit_options():
+    g = parse_chat(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "developer", "content": "be brief"},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                },
+                {"role": "assistant", "content": None},
+            ],
+            "max_tokens": 9,
+            "max_completion_tokens": 7,  # the newer name wins
+            "temperature": 0,
+            "top_p": 0.5,
+            "seed": 3,
+            "stop": "x",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "user": "ignored",
+            "frobnicate": 1,  # unknown: ignored, as OpenAI does
+            "top_k": 4,
+            "ignore_eos": True,
+            "worker": "gpu",
+        },
+        default_max_tokens=100,
+    )
+    assert g.model == "m" and g.stream and g.include_usage
+    o = g.options
+    assert o["messages"] == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "ab"},
+        {"role": "assistant", "content": ""},
+    ]
+    assert (o["max_tokens"], o["temperature"], o["top_p"], o["seed"]) == (7, 0.0, 0.5, 3)
+    assert (o["stop"], o["top_k"], o["ignore_eos"], o["worker"]) == (["x"], 4, True, "gpu")
+
+
+def test_defaults_follow_openai_not_tandem():
+    g = parse_chat({"messages": USER}, default_max_tokens=100)
+    assert g.options["temperature"] == 1.0 and g.options["max_tokens"] == 100
+    assert g.model is None and not g.stream and not g.include_usage
+
+
+def test_completion_prompt_forms():
+    assert parse_completion({"prompt": "abc"}, 5).options["prompt"] == "abc"
+    assert parse_completion({"prompt": ["abc"]}, 5).options["prompt"] == "abc"
+    assert parse_completion({"prompt": [1, 2]}, 5).options["tokens"] == [1, 2]
+    assert parse_completion({"prompt": [[1, 2]]}, 5).options["tokens"] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": USER, "n": 2}, "n"),
+        ({"messages": USER, "temperature": 2.5}, "temperature"),
+        ({"messages": USER, "top_p": 0}, "top_p"),
+        ({"messages": USER, "max_tokens": 0}, "max_tokens"),
+        ({"messages": USER, "max_tokens": True}, "max_tokens"),
+        ({"messages": USER, "stop": [1]}, "stop"),
+        ({"messages": USER, "stream": "yes"}, "stream"),
+        ({"messages": USER, "tools": [{"type": "function"}]}, "tools"),
+        ({"messages": USER, "logprobs": True}, "logprobs"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0]"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages[0].content",
+        ),
+        ({"messages": USER, "model": 5}, "model"),
+    ],
+)
+def test_chat_refusals_name_their_field(body, param):
+    with pytest.raises(ApiError) as e:
+        parse_chat(body, 16)
+    assert e.value.status == 400 and e.value.param == param
+    assert e.value.body()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("prompt", [None, "", [], ["a", "b"], [1, "a"], [[1], [2]]])
+def test_completion_refuses_anything_but_one_prompt(prompt):
+    with pytest.raises(ApiError) as e:
+        parse_completion({"prompt": prompt}, 16)
+    assert e.value.param == "prompt"
+
+
+def test_body_must_be_an_object():
+    with pytest.raises(ApiError):
+        parse_chat([1, 2], 16)
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "code"),
+    [
+        (PromptTooLong("long"), 400, "context_length_exceeded"),
+        (Overloaded("full"), 429, "overloaded"),
+        (NoWorkers("none"), 503, "no_workers"),
+        (TandemError("bug", code="internal"), 500, "internal"),
+    ],
+)
+def test_tandem_errors_map_to_http_statuses(exc, status, code):
+    err = ApiError.from_tandem(exc)
+    assert (err.status, err.code) == (status, code)
+
+
+def test_replies_have_openai_shapes():
+    stats = {"prompt_tokens": 5, "output_tokens": 3, "cached_tokens": 4, "ttft_s": 0.1}
+    result = Result("r1", "abc", [1, 2, 3], "eos", stats, "cpu0")
+    chat = Reply(True, "r1", "m").complete(result)
+    assert chat["id"] == "chatcmpl-r1" and chat["object"] == "chat.completion"
+    assert chat["choices"][0]["message"] == {"role": "assistant", "content": "abc"}
+    assert chat["choices"][0]["finish_reason"] == "stop"  # eos reads as stop
+    assert chat["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": 3,
+        "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 4},
+    }
+    text = Reply(False, "r1", "m").complete(result)
+    assert text["object"] == "text_completion" and text["choices"][0]["text"] == "abc"
+
+
+def test_stream_chunks_are_sse_events():
+    reply = Reply(True, "r1", "m")
+    for raw in (reply.chunk("a", role=True), reply.text_chunk('q"\n'), reply.chunk(None, "length")):
+        assert raw.startswith(b"data: ") and raw.endswith(b"\n\n")
+        json.loads(raw[6:])
+    assert json.loads(reply.text_chunk('q"\n')[6:]) == json.loads(reply.chunk('q"\n')[6:])
+    last = json.loads(reply.chunk(None, "length")[6:])
+    assert last["choices"][0] == {
+        "index": 0,
+        "delta": {},
+        "logprobs": None,
+        "finish_reason": "length",
+    }
+    assert DONE_EVENT == b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"port": 70000}, {"api_key": ""}, {"max_concurrent": 0}, {"request_timeout_s": 0}],
+)
+def test_config_is_validated(kwargs):
+    with pytest.raises(ValueError):
+        GatewayConfig("tcp://127.0.0.1:5555", **kwargs)
+    with pytest.raises(ValueError):
+        GatewayConfig("127.0.0.1:5555")
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_bodies_over_the_limit_are_a_413(declared):
+    gw = Gateway(GatewayConfig("tcp://127.0.0.1:5555", max_body_bytes=1024))
+    pieces = [b"x" * 600, b"x" * 600]
+    headers = [(b"content-length", b"1200")] if declared else []
+
+    async def receive():
+        return {"type": "http.request", "body": pieces.pop(0), "more_body": bool(pieces)}
+
+    request = Request({"type": "http", "method": "POST", "headers": headers}, receive)
+    with pytest.raises(ApiError) as e:
+        asyncio.run(gw.body(request))
+    assert e.value.status == 413 and e.value.code == "body_too_large"

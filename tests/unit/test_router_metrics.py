@@ -1,0 +1,84 @@
+"""The router's metrics hooks, driven through an in-process Router (no HTTP, no timing)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tandem.common import protocol as p
+from tests.helpers import Harness
+
+RATES = (100.0, [50.0, 80.0])
+
+
+@pytest.fixture
+def h(tmp_path: Path) -> Iterator[Harness]:
+    harness = Harness(tmp_path)
+    yield harness
+    harness.close()
+
+
+def value(h: Harness, name: str, **labels: str) -> float | None:
+    return h.router.metrics.registry.get_sample_value(name, labels)
+
+
+def test_a_request_moves_every_counter_once(h: Harness) -> None:
+    h.add_worker("a", RATES)
+    h.submit("r0", list(range(1, 40)), max_tokens=3)
+    wid = h.assigned("a").request_id
+    h.heartbeat("a", 1, active=[{"id": wid, "prompt": 39, "cached": 0,
+                                 "prefill_remaining": 0, "decode_remaining": 3}])  # fmt: skip
+    h.workers["a"].send(p.TokenDelta(wid, [5, 6], "xy"))
+    stats = {"prompt_tokens": 39, "cached_tokens": 32, "output_tokens": 2}
+    h.workers["a"].send(p.Done(wid, "eos", stats))
+    h.pump()
+    assert value(h, "tandem_requests_routed_total", worker="a", policy="phase_cost") == 1
+    assert value(h, "tandem_generation_tokens_total", worker="a") == 2
+    assert value(h, "tandem_prompt_tokens_total", worker="a") == 39
+    assert value(h, "tandem_cached_prompt_tokens_total", worker="a") == 32
+    assert value(h, "tandem_requests_total", outcome="eos", policy="phase_cost") == 1
+    assert value(h, "tandem_time_to_first_token_seconds_count", worker="a") == 1
+    assert value(h, "tandem_e2e_request_latency_seconds_count", worker="a") == 1
+    assert value(h, "tandem_routing_decision_seconds_count") == 1
+    assert value(h, "tandem_worker_active_requests", worker="a") == 1
+    assert value(h, "tandem_worker_kv_capacity_tokens", worker="a") == 8192
+    assert value(h, "tandem_worker_decode_tokens_per_second",
+                 worker="a", source="advertised", batch="2") == 80.0  # fmt: skip
+    assert value(h, "tandem_workers") == 1 and value(h, "tandem_requests_in_flight") == 0
+
+
+def test_status_carries_totals_and_recent_decisions(h: Harness) -> None:
+    h.add_worker("a", RATES)
+    h.submit("r0", list(range(1, 20)))
+    h.client.send(p.StatusQuery())
+    h.pump()
+    st = h.recv(h.client)
+    assert isinstance(st, p.StatusReply)
+    assert st.activity["requests_routed"] == 1
+    (d,) = st.activity["recent_decisions"]
+    assert d["request"] == "r0" and d["worker"] == "a" and d["prompt_tokens"] == 19
+
+
+def test_failures_and_rejected_frames_are_counted(h: Harness) -> None:
+    h.add_worker("a", RATES)
+    h.client.send(p.Submit("big", tokens=[1] * 9000, sampling=p.SamplingParams(8)))  # over n_ctx 8192
+    h.client.sock.send(b"\x01garbage")
+    h.pump()
+    assert value(h, "tandem_requests_total", outcome="prompt_too_long", policy="none") == 1
+    assert value(h, "tandem_frames_rejected_total", source="client", code="bad_frame") == 1
+
+
+def test_a_departed_worker_loses_its_gauges_but_not_its_counters(h: Harness) -> None:
+    h.add_worker("a", RATES)
+    h.submit("r0", list(range(1, 20)))
+    h.heartbeat("a", 1)
+    assert value(h, "tandem_worker_queued_requests", worker="a") == 0
+    h.workers["a"].send(p.Goodbye("a"))
+    h.pump()
+    assert value(h, "tandem_worker_queued_requests", worker="a") is None
+    assert (
+        value(h, "tandem_worker_prefill_tokens_per_second", worker="a", source="advertised") is None
+    )
+    assert value(h, "tandem_requests_routed_total", worker="a", policy="phase_cost") == 1
