@@ -195,19 +195,36 @@ def measure_swarm(cfg: OverheadConfig) -> dict[str, float]:
 
     spec = tokenizer_spec_from_gguf(default_model_path()).to_wire()
     c, w = _addr(), _addr()
-    with _processes((_run_router, (c, w)), (null_peers.heartbeat_swarm, (w, cfg.swarm, spec))) as (
-        router,
-        _,
-    ):
+    swarm = (null_peers.heartbeat_swarm, (w, cfg.swarm, spec))
+    with _processes((_run_router, (c, w)), swarm) as (router, _):
         proc = psutil.Process(router.pid)
-        time.sleep(min(60.0, 5.0 + cfg.swarm * 0.05))  # registration of every worker
+        registered = _wait_registered(c, cfg.swarm, timeout_s=120.0)
         rss0 = proc.memory_info().rss
         t = proc.cpu_times()
         cpu0, wall0 = t.user + t.system, time.monotonic()
         time.sleep(cfg.swarm_window_s)
         t = proc.cpu_times()
         cpu = (t.user + t.system - cpu0) / (time.monotonic() - wall0)
-        return {"rss_mb": max(rss0, proc.memory_info().rss) / 2**20, "cpu_pct": 100 * cpu}
+        rss_mb = max(rss0, proc.memory_info().rss) / 2**20
+        return {"registered": registered, "rss_mb": rss_mb, "cpu_pct": 100 * cpu}
+
+
+def _wait_registered(address: str, n: int, timeout_s: float) -> int:
+    """Ask the router's status until ``n`` workers are registered (or time is up)."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    deadline, seen = time.monotonic() + timeout_s, 0
+    try:
+        while time.monotonic() < deadline and seen < n:
+            sock.send(p.encode(p.StatusQuery()))
+            if sock.poll(5000):
+                reply = msgpack.unpackb(sock.recv())
+                seen = len(reply.get("workers", []))
+            time.sleep(0.5)
+    finally:
+        sock.close(0)
+    return seen
 
 
 def load_average() -> float:

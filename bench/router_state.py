@@ -7,6 +7,7 @@ policy, Assign built) and nothing of the sockets.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 import uuid
@@ -31,6 +32,7 @@ def _accept_all(*_: object) -> bool:
 def loaded_router(n_workers: int, rng: random.Random, inflight_each: int = 2) -> Router:
     """A router with ``n_workers`` workers, each with ``inflight_each`` requests that
     its last heartbeat lists and the blocks of one of PREFIXES cached."""
+    logging.getLogger("tandem.broker").setLevel(logging.WARNING)  # not a line per worker
     tag = uuid.uuid4().hex
     router = Router(RouterConfig(Addresses(f"inproc://c{tag}", f"inproc://w{tag}")))
     router.client_sock.send = _accept_all  # type: ignore[method-assign]
