@@ -118,13 +118,17 @@ class Calibration:
         self.decode_estimate = decode_estimate
         self.workers: dict[str, WorkerRates] = {}
         self._outputs: deque[tuple[int, int]] = deque(maxlen=RATIO_WINDOW)  # (realized, asked)
+        # Bumped whenever what adjust() returns may change: cached views key on it.
+        self.version = 0
 
     # ------------------------------------------------------------ events
     def register(self, worker_id: str, prefill_tok_s: float, decode_tok_s: list[float]) -> None:
         """A worker (re)joined: start from its advertised rates."""
+        self.version += 1
         self.workers[worker_id] = WorkerRates(prefill_tok_s, tuple(decode_tok_s))
 
     def forget(self, worker_id: str) -> None:
+        self.version += 1
         self.workers.pop(worker_id, None)
 
     def on_heartbeat(self, worker_id: str, n_active: int, now: float | None = None) -> None:
@@ -147,6 +151,7 @@ class Calibration:
     ) -> None:
         """A request finished on ``worker_id``; ``t_first``/``now`` on the router clock."""
         now = time.monotonic() if now is None else now
+        self.version += 1
         output = int(stats.get("output_tokens", 0) or 0)
         if max_tokens > 0 and finish_reason in ("eos", "stop", "length"):
             self._outputs.append((output, max_tokens))
@@ -178,6 +183,7 @@ class Calibration:
         if w is None or not self.calibrate or not t_first:
             return
         now = time.monotonic() if now is None else now
+        self.version += 1
         self._decode_sample(w, tokens_seen, now - t_first, now)
 
     def _decode_sample(self, w: WorkerRates, output: int, decode_s: float, now: float) -> None:

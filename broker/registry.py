@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.broker.calibration import PROGRESS_EVERY, PROGRESS_FIRST
+from tandem.broker.loads import Loads
 from tandem.broker.policies import Load, WorkerView
 from tandem.common import protocol as p
 from tandem.common.blocks import CacheView, block_hashes, matched_tokens
@@ -67,10 +68,33 @@ class WorkerState:
     cache: CacheView = field(default_factory=CacheView)
     inflight: dict[str, Routed] = field(default_factory=dict)  # by worker-side id
     routed_total: int = 0
+    # Bumped by the router whenever anything base_view() reads changes (an assign,
+    # relayed tokens, a heartbeat, a finish): broker/ledger.py caches views by it.
+    version: int = 0
+    loads: Loads = field(default_factory=Loads)  # the ledger as Loads, kept by the router
 
     @property
     def id(self) -> str:
         return self.info.worker_id
+
+    # ------------------------------------------------------------ ledger events
+    # Each keeps ``loads`` current and bumps ``version`` (cached views key on it).
+    def track(self, routed: Routed) -> None:
+        """``routed`` was assigned here, or had tokens relayed."""
+        self.inflight[routed.wid] = routed
+        self.loads.set(routed.wid, routed)
+        self.version += 1
+
+    def untrack(self, wid: str) -> None:
+        """``wid`` finished, was cancelled or lost."""
+        self.inflight.pop(wid, None)
+        self.loads.drop(wid)
+        self.version += 1
+
+    def on_heartbeat(self, hb: p.Heartbeat) -> None:
+        self.heartbeat = hb
+        self.loads.rebuild(self.inflight, hb)
+        self.version += 1
 
     def liveness_s(self, floor_s: float) -> float:
         return max(floor_s, 6 * self.info.heartbeat_s)
@@ -82,7 +106,8 @@ class WorkerState:
         return matched_tokens(block_hashes(tokens[:usable], bs), self.cache.held, bs)
 
     def view(self, tokens: list[int]) -> WorkerView:
-        """The policy's view of this worker for a prompt of ``tokens``."""
+        """The policy's view of this worker for a prompt of ``tokens``, built from
+        scratch: a walk of the whole ledger (the router uses ``base_view``)."""
         hb = self.heartbeat
         reported = {}
         listed_active: set[str] = set()
@@ -93,15 +118,25 @@ class WorkerState:
         for wid, routed in self.inflight.items():
             load = routed.load(reported.get(wid), queued=wid not in listed_active)
             (active if wid in listed_active else queued).append(load)
+        return self._view(tuple(active), tuple(queued), self.cached_for(tokens))
+
+    def base_view(self) -> WorkerView:
+        """This worker's view before any prompt (``cached_tokens`` 0), from ``loads``:
+        no walk of the ledger, totals included."""
+        view = self._view(tuple(self.loads.active.values()), tuple(self.loads.queued.values()), 0)
+        view.__dict__["backlog"] = (self.loads.prefill_total, self.loads.decode_total)
+        return view
+
+    def _view(self, active: tuple[Load, ...], queued: tuple[Load, ...], cached: int) -> WorkerView:
         return WorkerView(
             id=self.id,
             prefill_rate=self.info.prefill_tok_s,
             decode_rates=tuple(self.info.decode_tok_s),
             max_active=self.info.max_active,
             device=self.info.device,
-            cached_tokens=self.cached_for(tokens),
-            active=tuple(active),
-            queued=tuple(queued),
+            cached_tokens=cached,
+            active=active,
+            queued=queued,
         )
 
     def fits(self, prompt_tokens: int, max_tokens: int) -> bool:
@@ -148,4 +183,6 @@ def ready_problem(ready: p.Ready, model: str | None, have_tokenizer: bool) -> p.
             TokenizerSpec.from_wire(ready.tokenizer)
         except (ValueError, KeyError, TypeError) as exc:
             return bad(f"unusable tokenizer: {exc}")
+        if ready.tokenizer_hash and p.tokenizer_hash(ready.tokenizer) != ready.tokenizer_hash:
+            return bad("tokenizer_hash does not match the tokenizer sent with it")
     return None

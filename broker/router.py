@@ -7,6 +7,7 @@ line) and never reaches the state below.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -19,15 +20,19 @@ import zmq
 from tandem.broker.calibration import Calibration
 from tandem.broker.config import RouterConfig
 from tandem.broker.decisions import DecisionLog, decision_record
+from tandem.broker.ledger import PromptBlocks, ViewCache
 from tandem.broker.metrics import RouterMetrics
 from tandem.broker.policies import NoCandidate, parse_policy
 from tandem.broker.registry import Routed, WorkerState, ready_problem
+from tandem.broker.relay import Pending, TokenOutbox
 from tandem.broker.requests import ClientRequest, prompt_tokens, validate_submit
 from tandem.common import protocol as p
 from tandem.common.tokenizer import TextTokenizer, TokenizerSpec
 from tandem.common.transport import RouterSocket
 
 log = logging.getLogger(__name__)
+
+EXPIRE_EVERY_S = 0.1  # liveness is checked at most this often (it walks every worker)
 
 
 @dataclass
@@ -48,6 +53,9 @@ class Router:
         self.metrics = RouterMetrics(
             lambda: (len(self.workers), len(self.requests), len(self.pending))
         )
+        self.views = ViewCache(self.calibration)
+        self.outbox = TokenOutbox()
+        self.tokenizer_hash = ""
         self._by_client: dict[tuple[bytes, str], str] = {}
         self._by_identity: dict[bytes, str] = {}  # worker socket identity -> worker id
         self._next_id = 0
@@ -63,6 +71,7 @@ class Router:
             self.worker_sock.address,
             self.policy.name,
         )
+        next_expiry = 0.0
         try:
             while not stop.is_set():
                 events = dict(poller.poll(timeout=100))
@@ -71,7 +80,10 @@ class Router:
                     self._drain(self.worker_sock, self.on_worker)
                 if self.client_sock.sock in events:
                     self._drain(self.client_sock, self.on_client)
-                self.expire_workers()
+                now = time.monotonic()
+                if now >= next_expiry:
+                    self.expire_workers()
+                    next_expiry = now + EXPIRE_EVERY_S
                 self.dispatch_pending()
         finally:
             self.client_sock.close()
@@ -81,13 +93,16 @@ class Router:
 
     def _drain(self, sock: RouterSocket, handler: Any, limit: int = 256) -> None:
         for _ in range(limit):
-            if not sock.sock.poll(0, zmq.POLLIN):
-                return
-            identity, msg = sock.recv()
+            got = sock.recv_nowait()
+            if got is None:
+                break
+            identity, msg = got
             try:
                 handler(identity, msg)
             except Exception:  # a bug must not take the router down with it
                 log.exception("router failed handling %r from %r", msg, identity)
+        for pending in self.outbox.take_all():  # token deltas coalesced over this drain
+            self._send_tokens(pending)
 
     # ------------------------------------------------------------ clients
     def on_client(self, identity: bytes, msg: p.Message | p.ProtocolError) -> None:
@@ -189,7 +204,8 @@ class Router:
             )
             return
         rr = self.calibration.route_request(len(tokens), req.budget)
-        views = [self.calibration.adjust(w.view(tokens)) for w in candidates]
+        blocks = PromptBlocks(tokens)  # hashed once per block size, not once per worker
+        views = self.views.views(candidates, blocks)
         policy = parse_policy(f"forced:{sub.worker}") if sub.worker else self.policy
         try:
             decision = policy.choose(rr, views)
@@ -220,9 +236,7 @@ class Router:
             return
         req.wid, req.worker_id, req.t_assigned = wid, w.id, time.monotonic()
         req.prompt_tokens, req.cached_estimate = len(tokens), cached
-        w.inflight[wid] = Routed(
-            wid, w.id, len(tokens), req.budget, cached, sub.sampling.prefill_only
-        )
+        w.track(Routed(wid, w.id, len(tokens), req.budget, cached, sub.sampling.prefill_only))
         w.routed_total += 1
         self.requests[wid] = req
         self._by_client[(req.client, sub.request_id)] = wid
@@ -245,7 +259,7 @@ class Router:
             return
         w.last_seen = time.monotonic()
         if isinstance(msg, p.Heartbeat):
-            w.heartbeat = msg
+            w.on_heartbeat(msg)
             self.calibration.on_heartbeat(w.id, len(msg.active))
             if not w.cache.apply(msg.cache):
                 self.worker_sock.send(identity, p.ResyncCache())
@@ -258,20 +272,29 @@ class Router:
             log.warning("worker %s sent unexpected %s", w.id, msg.TYPE)
 
     def register(self, identity: bytes, ready: p.Ready) -> None:
+        if self.tokenizer is None and not ready.tokenizer and ready.tokenizer_hash:
+            self.worker_sock.send(identity, p.Reregister(tokenizer=True))  # send us the spec
+            return
         problem = ready_problem(ready, self.model, have_tokenizer=self.tokenizer is not None)
         if problem:
             log.error("refusing worker %s: %s", ready.worker_id, problem.message)
             self.worker_sock.send(identity, p.Error(problem.code, problem.message))
             return
+        if self.tokenizer is None:
+            self.tokenizer = TextTokenizer(TokenizerSpec.from_wire(ready.tokenizer))
+            self.tokenizer_hash = ready.tokenizer_hash or p.tokenizer_hash(ready.tokenizer)
+            self.model = ready.model
+        elif ready.tokenizer_hash and ready.tokenizer_hash != self.tokenizer_hash:
+            log.warning("worker %s names another tokenizer than the router's (same model %s)",
+                        ready.worker_id, ready.model)  # fmt: skip
+        # One tokenizer spec per router, not one per worker (1.5 MB each for SmolLM2).
+        ready = dataclasses.replace(ready, tokenizer={})
         old = self.workers.get(ready.worker_id)
         if old is not None and old.identity == identity and old.info == ready:
             self.worker_sock.send(identity, p.Welcome(policy=self.policy.name))
             return  # a repeated Ready (our Welcome crossed it)
         if old is not None:
             self._drop_worker(old, "re-registered")
-        if self.tokenizer is None:
-            self.tokenizer = TextTokenizer(TokenizerSpec.from_wire(ready.tokenizer))
-            self.model = ready.model
         self.workers[ready.worker_id] = WorkerState(identity, ready)
         self._by_identity[identity] = ready.worker_id
         self.calibration.register(ready.worker_id, ready.prefill_tok_s, ready.decode_tok_s)
@@ -297,15 +320,13 @@ class Router:
             req.on_tokens(msg, time.monotonic())
             self.metrics.on_tokens(w.id, len(msg.token_ids))
             routed = w.inflight.get(wid)
-            if routed is not None and routed.relayed(len(msg.token_ids)):
-                self.calibration.on_progress(w.id, routed.tokens_seen, req.t_first)
-            if sub.stream and not self.client_sock.send(
-                req.client, p.TokenDelta(sub.request_id, msg.token_ids, msg.text)
-            ):
-                # The client is gone (or not reading): stop spending the worker on it.
-                self.worker_sock.send(w.identity, p.Cancel(wid))
-                self._forget(w, req)
-                self.metrics.on_outcome(req.policy, "client_gone")
+            if routed is not None:
+                sample = routed.relayed(len(msg.token_ids))
+                w.track(routed)  # its decode budget shrank
+                if sample:
+                    self.calibration.on_progress(w.id, routed.tokens_seen, req.t_first)
+            if sub.stream:  # sent at the end of this drain, with any others of this request
+                self.outbox.add(w, req, msg.token_ids, msg.text)
             return
         self._forget(w, req)
         if isinstance(msg, p.Done):
@@ -322,6 +343,15 @@ class Router:
             self.client_sock.send(req.client, p.Error(msg.code, msg.message, sub.request_id))
             self.metrics.on_outcome(req.policy, msg.code)
 
+    def _send_tokens(self, pending: Pending) -> None:
+        req, w = pending.req, pending.worker
+        delta = p.TokenDelta(req.submit.request_id, pending.token_ids, pending.text)
+        if not self.client_sock.send(req.client, delta):
+            # The client is gone (or not reading): stop spending the worker on it.
+            self.worker_sock.send(w.identity, p.Cancel(req.wid or ""))
+            self._forget(w, req)
+            self.metrics.on_outcome(req.policy, "client_gone")
+
     def expire_workers(self) -> None:
         now = time.monotonic()
         for w in list(self.workers.values()):
@@ -331,6 +361,7 @@ class Router:
     def _drop_worker(self, w: WorkerState, why: str) -> None:
         log.warning("worker %s removed: %s", w.id, why)
         self.workers.pop(w.id, None)
+        self.views.forget(w.id)
         if self._by_identity.get(w.identity) == w.id:
             del self._by_identity[w.identity]
         self.calibration.forget(w.id)
@@ -349,7 +380,11 @@ class Router:
         self.pending.extendleft(reversed(again))  # ahead of newer requests, in their order
 
     def _forget(self, w: WorkerState, req: ClientRequest) -> None:
-        w.inflight.pop(req.wid or "", None)
+        pending = self.outbox.pop(req.wid or "")
+        if pending is not None:  # its tokens go out before whatever ends the request
+            self.client_sock.send(req.client, p.TokenDelta(
+                req.submit.request_id, pending.token_ids, pending.text))  # fmt: skip
+        w.untrack(req.wid or "")
         self.requests.pop(req.wid or "", None)
         self._by_client.pop((req.client, req.submit.request_id), None)
 

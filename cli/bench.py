@@ -208,3 +208,26 @@ def merge(results: tuple[str, ...], out_dir: str, policies: tuple[str, ...]) -> 
     n_runs = sum(len(c["runs"]) for g in doc["groups"] for c in g["cases"])
     click.echo(f"merged {len(results)} results: {len(doc['groups'])} groups, {n_runs} runs "
                f"-> {out_dir}", err=True)  # fmt: skip
+
+
+@bench.command("router")
+@click.option("--runs", type=int, default=3, show_default=True, help="Repetitions (medians).")
+@click.option("--requests", type=int, default=4000, show_default=True, help="For req/s.")
+@click.option("--stream-tokens", type=int, default=2000, show_default=True,
+              help="Tokens per stream (64 streams) for tok/s.")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write JSON here.")
+def router_bench(runs: int, requests: int, stream_tokens: int, out: str | None) -> None:
+    """The router's own cost against a null worker (bench/router_overhead.py)."""
+    import json
+
+    from tandem.bench.router_overhead import OverheadConfig, run_all
+
+    try:
+        cfg = OverheadConfig(requests=requests, stream_tokens=stream_tokens)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    doc = run_all(cfg, runs, progress=lambda line: click.echo(line, err=True))
+    text = json.dumps(doc, indent=1)
+    if out:
+        Path(out).write_text(text + "\n")
+    click.echo(json.dumps(doc["summary"], indent=1))

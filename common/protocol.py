@@ -14,17 +14,18 @@ one to reply to). docs/PROTOCOL.md documents every message below.
 
 from __future__ import annotations
 
-import dataclasses
+import hashlib
+import json
 import math
-import types
-import typing
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
 
 import msgpack
 
-PROTOCOL_VERSION = 2
+from tandem.common.codec import FieldError, codec_for
+
+PROTOCOL_VERSION = 3  # 3: Ready.tokenizer_hash, Reregister.tokenizer
 
 
 class ErrorCode(StrEnum):
@@ -265,9 +266,18 @@ class Ready(Message):
     prefill_tok_s: float
     decode_tok_s: list[float]  # aggregate decode tok/s at batch size 1, 2, ... max_active
     heartbeat_s: float
-    tokenizer: dict[str, Any]  # common.tokenizer.TokenizerSpec.to_wire()
+    # common.tokenizer.TokenizerSpec.to_wire(), or {} when only the hash is sent: a
+    # router that already has that tokenizer needs no 1.5 MB spec per worker.
+    tokenizer: dict[str, Any]
     max_tokens_limit: int = 4096
     instance: str = ""  # random per process start: tells a restart from a repeated Ready
+    tokenizer_hash: str = ""  # tokenizer_hash(spec); "" = not given (the spec must be)
+
+
+def tokenizer_hash(spec: dict[str, Any]) -> str:
+    """A stable name for a tokenizer spec: equal specs, equal hashes, on any peer."""
+    text = json.dumps(spec, sort_keys=True, ensure_ascii=False, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 @dataclass
@@ -300,9 +310,14 @@ class Assign(Message):
 
 @dataclass
 class Reregister(Message):
-    """Router -> worker: "I do not know you" (e.g. the router restarted): send Ready."""
+    """Router -> worker: "I do not know you" (e.g. the router restarted): send Ready.
+
+    ``tokenizer``: the router lacks the tokenizer a hash-only Ready named: send the
+    Ready again with the full spec.
+    """
 
     TYPE: ClassVar[str] = "reregister"
+    tokenizer: bool = False
 
 
 @dataclass
@@ -344,8 +359,12 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
 
 
 # ---------------------------------------------------------------- encoding
+# Each class is compiled once, here at import (common/codec.py says how and why).
+_CODECS = {cls: codec_for(cls) for cls in MESSAGE_TYPES.values()}
+
+
 def encode(msg: Message) -> bytes:
-    body = dataclasses.asdict(msg)  # nested dataclasses become maps, StrEnums stay str
+    body = _CODECS[type(msg)].to_map(msg)  # nested dataclasses become maps, StrEnums stay str
     body["v"] = PROTOCOL_VERSION
     body["type"] = msg.TYPE
     return msgpack.packb(body, use_bin_type=True)
@@ -357,11 +376,13 @@ def decode(frame: bytes) -> Message:
         body = msgpack.unpackb(frame, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types
         raise ProtocolError(BAD_FRAME, f"frame is not valid msgpack: {exc}") from None
-    if not isinstance(body, dict):
+    if type(body) is not dict:
         raise ProtocolError(BAD_FRAME, "frame must be a msgpack map")
-    if not all(isinstance(k, str) for k in body):
+    if not all(type(k) is str for k in body):
         raise ProtocolError(BAD_FRAME, "frame keys must be strings")
-    rid = body.get("request_id") if isinstance(body.get("request_id"), str) else None
+    rid = body.get("request_id")
+    if type(rid) is not str:
+        rid = None
     version = body.pop("v", None)
     if version != PROTOCOL_VERSION:
         raise ProtocolError(
@@ -371,86 +392,10 @@ def decode(frame: bytes) -> Message:
             rid,
         )
     tag = body.pop("type", None)
-    cls = MESSAGE_TYPES.get(tag) if isinstance(tag, str) else None
+    cls = MESSAGE_TYPES.get(tag) if type(tag) is str else None
     if cls is None:
         raise ProtocolError(BAD_FRAME, f"unknown message type {tag!r}", rid)
-    return _build(cls, body, rid)
-
-
-def _build(cls: type[Any], body: dict[str, Any], rid: str | None) -> Any:
-    """An instance of the dataclass ``cls`` from ``body``, every field checked."""
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    what = _label(cls)
-    unknown = sorted(set(body) - set(fields))
-    if unknown:
-        raise ProtocolError(BAD_REQUEST, f"{what}: unknown field(s) {unknown}", rid)
-    for name, f in fields.items():
-        if name not in body:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ProtocolError(BAD_REQUEST, f"{what}: missing field {name!r}", rid)
-            continue
-        body[name] = _field(cls, name, body[name], hints[name], rid)
-    return cls(**body)
-
-
-def _field(cls: type[Any], name: str, value: Any, hint: Any, rid: str | None) -> Any:
-    """``value`` checked against ``hint``: nested dataclasses built, enums parsed."""
-    where = f"{_label(cls)}.{name}"
-    if dataclasses.is_dataclass(hint):
-        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise ProtocolError(BAD_REQUEST, f"{where}: expected a map", rid)
-        return _build(hint, dict(value), rid)  # type: ignore[arg-type]
-    item = _list_item(hint)
-    if item is not None and dataclasses.is_dataclass(item):
-        if not isinstance(value, list):
-            raise ProtocolError(BAD_REQUEST, f"{where}: expected a list", rid)
-        return [_field(cls, name, v, item, rid) for v in value]
-    if isinstance(hint, type) and issubclass(hint, StrEnum):
-        if not isinstance(value, str) or value not in hint._value2member_map_:
-            raise ProtocolError(BAD_REQUEST, f"{where}: unknown value {value!r}", rid)
-        return hint(value)
-    if not _conforms(value, hint):
-        raise ProtocolError(
-            BAD_REQUEST, f"{where}: expected {_type_name(hint)}, got {type(value).__name__}", rid
-        )
-    return float(value) if hint is float and isinstance(value, int) else value
-
-
-def _label(cls: type[Any]) -> str:
-    """A message's wire tag, or a nested type's class name, for error messages."""
-    return getattr(cls, "TYPE", "") or cls.__name__
-
-
-def _list_item(hint: Any) -> Any:
-    return typing.get_args(hint)[0] if typing.get_origin(hint) is list else None
-
-
-def _conforms(value: Any, hint: Any) -> bool:
-    origin = typing.get_origin(hint)
-    if hint is Any:
-        return True
-    if origin in (Union, types.UnionType):
-        return any(_conforms(value, arg) for arg in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
-    if origin is list:
-        (item,) = typing.get_args(hint)
-        return isinstance(value, list) and all(_conforms(v, item) for v in value)
-    if origin is dict:
-        return isinstance(value, dict) and all(isinstance(k, str) for k in value)
-    raise TypeError(f"unsupported field type {hint!r}")  # a bug in this module
-
-
-def _type_name(hint: Any) -> str:
-    if typing.get_origin(hint) is not None:  # list[int], str | None, ...
-        return str(hint).replace("typing.", "")
-    return getattr(hint, "__name__", str(hint))
+    try:
+        return _CODECS[cls].build(body)  # type: ignore[no-any-return]
+    except FieldError as exc:
+        raise ProtocolError(BAD_REQUEST, str(exc), rid) from None

@@ -15,6 +15,7 @@ the worker simply re-registers.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -43,6 +44,12 @@ class WorkerLink:
         self.router_addr = router_addr
         self.stall_s = stall_s
         self.ready = ready
+        # With a hash, the first Ready leaves the 1.5 MB spec out; a router that
+        # lacks it asks (Reregister(tokenizer=True)) and gets it with the next one.
+        self._hash_only = (
+            dataclasses.replace(ready, tokenizer={}) if ready.tokenizer_hash else ready
+        )
+        self._send_spec = False
         self.inbox = inbox
         self.registered = threading.Event()
         self.fatal: str | None = None  # set when the router refuses us for good
@@ -80,7 +87,7 @@ class WorkerLink:
             while not stop.is_set():
                 now = time.monotonic()
                 if not self.registered.is_set() and now >= next_ready:
-                    dealer.send(self.ready)
+                    dealer.send(self.ready if self._send_spec else self._hash_only)
                     next_ready, backoff_s = now + backoff_s, min(backoff_s * 2, READY_BACKOFF_MAX_S)
                 events = dict(poller.poll(timeout=int(hb_s * 250)))
                 if self._pull in events:
@@ -131,6 +138,11 @@ class WorkerLink:
                 self.registered.set()
                 self.inbox.put(p.ResyncCache())  # the router starts from an empty view
         elif isinstance(msg, p.Reregister):
+            if msg.tokenizer and not self._send_spec:
+                log.info("router asked for our tokenizer spec")
+                self._send_spec = True
+                self.registered.clear()
+                return True
             if not self.registered.is_set():
                 return False  # a Ready is already on its way (with backoff)
             log.info("router asked us to register again")

@@ -56,6 +56,7 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
         took = warm_up(backend, cfg.engine.max_active, cfg.engine.step_tokens)
         log.info("warmed %s up in %.2f s", backend.device, took)
     prefill, decode = rates(cfg, backend)
+    spec = backend.tokenizer_spec.to_wire()
     ready = p.Ready(
         worker_id=worker_id,
         backend=backend.name,
@@ -67,9 +68,10 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
         prefill_tok_s=prefill,
         decode_tok_s=decode,
         heartbeat_s=cfg.engine.heartbeat_s,
-        tokenizer=backend.tokenizer_spec.to_wire(),
+        tokenizer=spec,
         max_tokens_limit=cfg.engine.max_tokens_limit,
         instance=uuid.uuid4().hex,
+        tokenizer_hash=p.tokenizer_hash(spec),
     )
     inbox: queue.Queue[p.Message] = queue.Queue()
     link = WorkerLink(cfg.router, ready, inbox)

@@ -9,6 +9,7 @@ candidate (lower is better) so decisions can be logged and explained.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol
 
 
@@ -31,9 +32,22 @@ class WorkerView:
     active: tuple[Load, ...] = ()
     queued: tuple[Load, ...] = ()
 
-    @property
+    # Cached per view: the router reuses a view across decisions until the worker changes.
+    @cached_property
     def n_requests(self) -> int:
         return len(self.active) + len(self.queued)
+
+    @cached_property
+    def backlog(self) -> tuple[int, int]:
+        """Prefill and decode tokens still to do on this worker (summed here, unless
+        the view was built from the router's running totals, which fill it in)."""
+        loads = self.active + self.queued
+        return sum(x.prefill_remaining for x in loads), sum(x.decode_remaining for x in loads)
+
+    @cached_property
+    def next_decode_rate(self) -> float:
+        """Aggregate decode tok/s with one more request than it has now."""
+        return self.decode_rate(min(self.max_active, self.n_requests + 1))
 
     def decode_rate(self, batch: int) -> float:
         """Aggregate decode tok/s when ``batch`` requests decode together."""

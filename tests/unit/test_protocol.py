@@ -32,6 +32,8 @@ EXAMPLES = [
     p.Heartbeat("w", 3, [p.RequestRow("a", 9, 0, 0, 4)], [], 10, 100, {"full": True}),
     p.Assign("a", [1, 2], p.SamplingParams(8, stop=["x"], prefill_only=True)),
     p.Reregister(),
+    p.Reregister(tokenizer=True),
+    p.Ready("w", "sim", "cpu", "m.gguf", 1, 64, 16, 1.0, [1.0], 0.5, {}, tokenizer_hash="ab"),
     p.ResyncCache(),
     p.Goodbye("w"),
 ]
