@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from tandem.cli.options import sim_profile
+from tandem.cli.options import keys_option, sim_profile
 from tandem.common.settings import DEFAULT_CLIENT_ADDR, DEFAULT_WORKER_ADDR, Addresses
 from tandem.workers.backends import BACKENDS
 
@@ -58,6 +58,29 @@ from tandem.workers.backends import BACKENDS
     show_default=True,
     help="Price decode by max_tokens, or scaled by the realized/requested token ratio.",
 )
+@click.option(
+    "--max-pending",
+    type=int,
+    default=1024,
+    show_default=True,
+    help="Requests waiting for a worker; past this a Submit is answered `overloaded`.",
+)
+@click.option(
+    "--queue-per-slot",
+    type=int,
+    default=16,
+    show_default=True,
+    help="Queued requests a worker may hold per batch slot (in-flight cap: max_active x (1+N)).",
+)
+@click.option("--max-prompt-chars", type=int, default=1 << 20, show_default=True)
+@click.option(
+    "--no-progress-s",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Expire a worker that holds requests but makes no progress for this long.",
+)
+@keys_option
 def router(
     client_addr: str,
     worker_addr: str,
@@ -67,10 +90,17 @@ def router(
     decision_log: str | None,
     calibrate: bool,
     decode_estimate: str,
+    max_pending: int,
+    queue_per_slot: int,
+    max_prompt_chars: int,
+    no_progress_s: float,
+    keys: str | None,
 ) -> None:
     """Run the router."""
+    from tandem.broker.admission import AdmissionConfig
     from tandem.broker.main import run_router
     from tandem.broker.router import RouterConfig
+    from tandem.common.auth import keys_dir
 
     try:
         cfg = RouterConfig(
@@ -81,6 +111,9 @@ def router(
             decision_log,
             calibrate,
             decode_estimate,
+            AdmissionConfig(max_pending, queue_per_slot, max_prompt_chars),
+            no_progress_s,
+            str(keys_dir(keys)) if keys else None,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -142,6 +175,7 @@ def router(
     help="Run every batch shape once before registering (auto: on GPU devices).",
 )
 @sim_profile
+@keys_option
 def worker(
     router_addr: str,
     backend: str,
@@ -160,6 +194,7 @@ def worker(
     decode_tok_s: str | None,
     warmup: str,
     profile_file: str | None,
+    keys: str | None,
 ) -> None:
     """Run a worker process (one device)."""
     from tandem.workers.config import WorkerConfig
@@ -184,6 +219,7 @@ def worker(
             decode,
             profile_file,
             warmup,
+            keys,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -12,18 +12,26 @@ import zmq.asyncio
 from tandem.client.errors import RequestTimeout, TandemError, from_error
 from tandem.client.session import Assembly, Delta, Result, make_submit, request_id_of
 from tandem.common import protocol as p
+from tandem.common.auth import peer_setup
 from tandem.common.settings import addresses
+from tandem.common.transport import CLIENT_FRAME_BYTES
 
 
 class AsyncClient:
     """Many concurrent requests over one connection; use inside a running loop."""
 
-    def __init__(self, address: str | None = None, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, address: str | None = None, timeout_s: float = 300.0, keys: str | None = None
+    ) -> None:
         self.address = address or addresses().client
         self.timeout_s = timeout_s
         self._ctx = zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, CLIENT_FRAME_BYTES)
+        setup = peer_setup(keys, "client")  # CURVE, when the router uses keys
+        if setup is not None:
+            setup(self._sock)
         self._sock.connect(self.address)
         self._boxes: dict[str | None, asyncio.Queue[p.Message]] = {}
         self._reader: asyncio.Task[None] | None = None

@@ -39,7 +39,8 @@ class ErrorCode(StrEnum):
     WORKER_LOST = "worker_lost"
     WORKER_ERROR = "worker_error"  # the backend failed while running the request
     INTERNAL = "internal"  # the router hit a bug handling the request
-    OVERLOADED = "overloaded"
+    OVERLOADED = "overloaded"  # admission is full: retry after Error.retry_after_s
+    ROUTER_LOST = "router_lost"  # client side: the connection to the router dropped
 
 
 class FinishReason(StrEnum):
@@ -58,6 +59,7 @@ VERSION_MISMATCH, PROMPT_TOO_LONG = ErrorCode.VERSION_MISMATCH, ErrorCode.PROMPT
 NO_WORKERS, DUPLICATE_REQUEST = ErrorCode.NO_WORKERS, ErrorCode.DUPLICATE_REQUEST
 WORKER_LOST, WORKER_ERROR = ErrorCode.WORKER_LOST, ErrorCode.WORKER_ERROR
 INTERNAL, OVERLOADED = ErrorCode.INTERNAL, ErrorCode.OVERLOADED
+ROUTER_LOST = ErrorCode.ROUTER_LOST
 
 MAX_STOP_STRINGS = 16
 
@@ -166,6 +168,7 @@ class Welcome(Message):
     TYPE: ClassVar[str] = "welcome"
     router: str = "tandem"
     policy: str = ""
+    epoch: str = ""  # random per router start (broker/identity.py)
 
 
 # ---------------------------------------------------------------- client -> router
@@ -246,6 +249,7 @@ class Error(Message):
     code: ErrorCode
     message: str
     request_id: str | None = None
+    retry_after_s: float | None = None  # with OVERLOADED: when trying again may succeed
 
 
 # ---------------------------------------------------------------- worker <-> router
@@ -295,6 +299,7 @@ class Assign(Message):
     request_id: str
     tokens: list[int]
     sampling: SamplingParams
+    resume: int = 0  # a migrated stream: the last ``resume`` tokens were already output
 
 
 @dataclass
@@ -373,7 +378,14 @@ def decode(frame: bytes) -> Message:
     cls = MESSAGE_TYPES.get(tag) if isinstance(tag, str) else None
     if cls is None:
         raise ProtocolError(BAD_FRAME, f"unknown message type {tag!r}", rid)
-    return _build(cls, body, rid)
+    msg = _build(cls, body, rid)
+    # Imported here: the bounds module needs this module's types (common/validation.py).
+    from tandem.common.validation import message_problem
+
+    problem = message_problem(msg)
+    if problem is not None:
+        raise ProtocolError(problem.code, problem.message, rid)
+    return msg
 
 
 def _build(cls: type[Any], body: dict[str, Any], rid: str | None) -> Any:

@@ -27,6 +27,7 @@ class WorkerConfig:
     decode_tok_s: tuple[float, ...] | None = None
     profile: str | None = None  # sim backend: its device profile file
     warmup: str = "auto"  # on | off | auto (on for GPU devices): see workers.profiler.warm_up
+    keys: str | None = None  # CURVE keys folder (common/auth.py); None: TANDEM_KEYS or none
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

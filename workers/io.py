@@ -24,12 +24,13 @@ from collections.abc import Callable
 import zmq
 
 from tandem.common import protocol as p
-from tandem.common.transport import DealerSocket, context
+from tandem.common.transport import DealerSocket, Setup, context
 
 log = logging.getLogger(__name__)
 
 _HB, _MSG = b"hb", b"msg"
 READY_BACKOFF_MAX_S = 5.0
+WORKER_FRAME_BYTES = 64 << 20  # an Assign of the largest prompt fits with room
 STALL_S = 60.0  # compute-thread silence after which heartbeats are no longer repeated
 
 
@@ -40,8 +41,11 @@ class WorkerLink:
         ready: p.Ready,
         inbox: queue.Queue[p.Message],
         stall_s: float = STALL_S,
+        setup: Setup | None = None,
     ) -> None:
         self.router_addr = router_addr
+        self.setup = setup  # CURVE options when the router uses keys
+        self._registrations = 0
         self.stall_s = stall_s
         self.ready = ready
         self.inbox = inbox
@@ -68,7 +72,9 @@ class WorkerLink:
             log.debug("dropped %s after the I/O thread stopped", msg.TYPE)
 
     def run(self, stop: threading.Event) -> None:
-        dealer = DealerSocket(self.router_addr, identity=self.ready.worker_id.encode())
+        dealer = DealerSocket(
+            self.router_addr, self.ready.worker_id.encode(), WORKER_FRAME_BYTES, self.setup
+        )
         poller = zmq.Poller()
         poller.register(dealer.sock, zmq.POLLIN)
         poller.register(self._pull, zmq.POLLIN)
@@ -128,8 +134,13 @@ class WorkerLink:
                 self.fatal = msg.message
         elif isinstance(msg, p.Welcome):
             if not self.registered.is_set():
-                log.info("registered with router %s", self.router_addr)
+                log.info("registered with router %s (epoch %s)", self.router_addr, msg.epoch)
                 self.registered.set()
+                if self._registrations:
+                    # What an earlier registration assigned was failed or re-routed by
+                    # the router already (broker/identity.py): drop it, do not finish it.
+                    self.inbox.put(p.Reregister())
+                self._registrations += 1
                 self.inbox.put(p.ResyncCache())  # the router starts from an empty view
         elif isinstance(msg, p.Reregister):
             if not self.registered.is_set():
