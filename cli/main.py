@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from tandem.cli.bench import bench
+from tandem.cli.keys import keys
 from tandem.cli.options import setup_logging
 from tandem.cli.profile import profile
 from tandem.cli.route import decisions, route
@@ -21,5 +22,5 @@ def main(log_level: str) -> None:
     setup_logging(log_level)
 
 
-for command in (router, worker, generate, status, profile, route, decisions, bench):
+for command in (router, worker, generate, status, profile, route, decisions, bench, keys):
     main.add_command(command)

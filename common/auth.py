@@ -137,7 +137,8 @@ def make_keys(folder: Path, force: bool = False) -> list[Path]:
     if (folder / "router.key").exists() and not force:
         raise ValueError(f"{folder} already holds keys (use --force to replace them)")
     folder.mkdir(parents=True, exist_ok=True)
-    made = [*zmq.auth.create_certificates(folder, "router")]
+    made = [Path(x) for x in zmq.auth.create_certificates(folder, "router")]
+    made[1].chmod(0o600)
     for role in ROLES:
         made += add_key(folder, role, role)
     return made
@@ -150,6 +151,7 @@ def add_key(folder: Path, role: str, name: str) -> list[Path]:
     if not name.isidentifier():
         raise ValueError("a key name must be letters, digits and _ only")
     public, secret = zmq.auth.create_certificates(folder, name)
+    Path(secret).chmod(0o600)  # a secret key readable by others authenticates them too
     allowed = folder / ROLES[role]
     allowed.mkdir(exist_ok=True)
     shutil.copy(public, allowed / Path(public).name)

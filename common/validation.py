@@ -53,24 +53,24 @@ def _bad(what: str) -> p.Problem:
     return p.Problem.bad_request(what)
 
 
-def _tree_problem(value: Any, depth: int) -> p.Problem | None:
+def _tree_problem(value: Any, depth: int, path: str = "") -> p.Problem | None:
     """Free-form values: finite numbers only, nesting at most MAX_DEPTH."""
     if depth > MAX_DEPTH:
-        return _bad(f"values nest deeper than {MAX_DEPTH} levels")
+        return _bad(f"values nest deeper than {MAX_DEPTH} levels (at {path})")
     if isinstance(value, float) and not math.isfinite(value):
-        return _bad("numbers must be finite")
+        return _bad(f"{path} must be a finite number, got {value!r}")
     if isinstance(value, dict):
-        items: Any = value.values()
+        items: Any = value.items()
     elif isinstance(value, list | tuple):
-        items = value
+        if value and isinstance(value[0], int):
+            return None  # token lists: ints only (typed by the decoder), no need to walk
+        items = enumerate(value)
     elif hasattr(value, "__dataclass_fields__"):
-        items = value.__dict__.values()
+        items = value.__dict__.items()
     else:
         return None
-    if isinstance(items, list) and items and isinstance(items[0], int):
-        return None  # token lists: ints only (typed by the decoder), no need to walk
-    for v in items:
-        problem = _tree_problem(v, depth + 1)
+    for key, v in items:
+        problem = _tree_problem(v, depth + 1, f"{path}.{key}" if path else str(key))
         if problem is not None:
             return problem
     return None
