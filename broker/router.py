@@ -259,8 +259,6 @@ class Router:
         try:
             decision = policy.choose(rr, views)
         except NoCandidate as exc:
-            if any(sub.worker in (w.id, w.info.device) for w in candidates):
-                raise  # the pinned worker is a candidate: a policy bug, not the request's
             if any(sub.worker in (w.id, w.info.device) for w in fitting):
                 return False  # the pinned worker is full: wait for it
             too_long = any(sub.worker in (w.id, w.info.device) for w in self.workers.values())
