@@ -3,8 +3,9 @@
 Every queue the router owns is bounded, so no flood can grow its memory without
 limit (docs/ROUTING.md, "Admission and backpressure"):
 
-- requests waiting for a worker: at most ``max_pending``; past that a Submit is
-  answered ``overloaded`` with a ``retry_after_s`` hint;
+- requests waiting for a worker: at most ``max_pending`` of them holding at most
+  ``max_pending_units`` prompt units (token ids, or 4 characters of text); past
+  that a Submit is answered ``overloaded`` with a ``retry_after_s`` hint;
 - requests assigned to one worker: at most ``inflight_cap(max_active)`` (its
   batch plus a queue budget per slot); a request that fits no worker with room
   waits in the pending queue instead of deepening one worker's FIFO;
@@ -29,6 +30,7 @@ WORKER_FRAME_BYTES = 64 << 20  # a Ready carries the whole tokenizer (a few MB)
 @dataclass(frozen=True)
 class AdmissionConfig:
     max_pending: int = 1024
+    max_pending_units: int = 1 << 22  # prompt ids (or 4 chars) held by the pending queue
     queue_per_slot: int = 16  # queued requests a worker may hold per batch slot
     max_prompt_chars: int = 1 << 20
     max_prompt_tokens: int = 1 << 17
@@ -37,8 +39,8 @@ class AdmissionConfig:
     max_frame_bytes: int = CLIENT_FRAME_BYTES
 
     def __post_init__(self) -> None:
-        if self.max_pending < 1 or self.queue_per_slot < 0:
-            raise ValueError("max_pending must be >= 1 and queue_per_slot >= 0")
+        if self.max_pending < 1 or self.max_pending_units < 1 or self.queue_per_slot < 0:
+            raise ValueError("max_pending, max_pending_units must be >= 1, queue_per_slot >= 0")
         if self.max_prompt_chars < 1 or self.max_prompt_tokens < 1:
             raise ValueError("max_prompt_chars and max_prompt_tokens must be >= 1")
         if self.client_frames_per_turn < 1 or self.routes_per_turn < 1:
@@ -67,16 +69,15 @@ class Admission:
         cfg = self.cfg
         if sub.tokens is not None and len(sub.tokens) > cfg.max_prompt_tokens:
             return _too_long(f"{len(sub.tokens)} token ids; at most {cfg.max_prompt_tokens}")
-        chars = len(sub.prompt or "") + sum(
-            len(str(m.get("content", ""))) for m in sub.messages or []
-        )
+        chars = _chars(sub)
         if chars > cfg.max_prompt_chars:
             return _too_long(f"{chars} characters; at most {cfg.max_prompt_chars}")
         return None
 
-    def full_problem(self, n_pending: int) -> p.Problem | None:
-        """``overloaded`` when the pending queue is at its bound, or None."""
-        if n_pending < self.cfg.max_pending:
+    def full_problem(self, n_pending: int, units: int) -> p.Problem | None:
+        """``overloaded`` when the pending queue (``n_pending`` requests holding
+        ``units`` with the new one) is past its bounds, or None."""
+        if n_pending < self.cfg.max_pending and units <= self.cfg.max_pending_units:
             return None
         self.refused += 1
         return p.Problem(
@@ -98,6 +99,15 @@ class Admission:
             alpha = 1.0 / self.RATE_HALF_LIFE
             self._gap_s = gap_s if not self._gap_s else self._gap_s + alpha * (gap_s - self._gap_s)
         self._last_done = now
+
+
+def prompt_units(sub: p.Submit) -> int:
+    """What a waiting request's prompt weighs: its ids, or a quarter of its characters."""
+    return len(sub.tokens) if sub.tokens is not None else _chars(sub) // 4 + 1
+
+
+def _chars(sub: p.Submit) -> int:
+    return len(sub.prompt or "") + sum(len(str(m.get("content", ""))) for m in sub.messages or [])
 
 
 def _too_long(what: str) -> p.Problem:

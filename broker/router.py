@@ -16,7 +16,12 @@ from typing import Any
 
 import zmq
 
-from tandem.broker.admission import WORKER_FRAME_BYTES, Admission, AdmissionConfig
+from tandem.broker.admission import (
+    WORKER_FRAME_BYTES,
+    Admission,
+    AdmissionConfig,
+    prompt_units,
+)
 from tandem.broker.calibration import DECODE_ESTIMATES, Calibration
 from tandem.broker.decisions import DecisionLog, decision_record
 from tandem.broker.identity import RequestIds, foreign_frame, takeover_problem
@@ -171,7 +176,9 @@ class Router:
             problem = p.Problem(
                 p.DUPLICATE_REQUEST, f"request id {msg.request_id!r} is already in flight"
             )
-        problem = problem or self.admission.full_problem(len(self.pending))
+        if problem is None:  # O(pending), and pending is bounded
+            units = prompt_units(msg) + sum(prompt_units(r.submit) for r in self.pending)
+            problem = self.admission.full_problem(len(self.pending), units)
         if problem:
             retry = None
             if problem.code == p.OVERLOADED:

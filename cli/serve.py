@@ -111,7 +111,11 @@ def router(
             decision_log,
             calibrate,
             decode_estimate,
-            AdmissionConfig(max_pending, queue_per_slot, max_prompt_chars),
+            AdmissionConfig(
+                max_pending=max_pending,
+                queue_per_slot=queue_per_slot,
+                max_prompt_chars=max_prompt_chars,
+            ),
             no_progress_s,
             str(keys_dir(keys)) if keys else None,
         )

@@ -155,6 +155,9 @@ def test_the_retry_hint_follows_the_completion_rate() -> None:
     assert adm.retry_after_s(10) == pytest.approx(5.0)
     with pytest.raises(ValueError):
         AdmissionConfig(max_pending=0)
+    small = Admission(AdmissionConfig(max_pending_units=100))
+    assert small.full_problem(n_pending=1, units=100) is None
+    assert small.full_problem(n_pending=1, units=101).code == p.OVERLOADED
 
 
 # ------------------------------------------------------------ liveness
@@ -236,3 +239,13 @@ def test_the_client_forgets_failed_requests_and_late_mail_for_them() -> None:
             c.generate(tokens=list(range(3_000_000)))
     t.join(5)
     router.close()
+
+
+def test_binding_other_hosts_without_keys_warns(caplog: pytest.LogCaptureFixture) -> None:
+    from tandem.common.auth import RouterGuard
+    from tandem.common.settings import Addresses
+
+    guard = RouterGuard.start(None, Addresses("tcp://127.0.0.1:1", "tcp://0.0.0.0:2"))
+    assert guard.setup("workers") is None
+    (warning,) = [r for r in caplog.records if "WITHOUT authentication" in r.message]
+    assert "0.0.0.0:2" in warning.message

@@ -10,7 +10,9 @@ before and after figures. Sim workers, loopback only, every wait bounded.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import re
 import sys
 import tempfile
 import threading
@@ -94,7 +96,7 @@ def kill9() -> dict:
         runs = [Run(cl.client_addr, tokens=t, max_tokens=60, ignore_eos=True) for t in prompts]
         until(lambda: all(len(r.ids) >= 3 for r in runs))
         seen = [len(r.at) for r in runs]
-        t0 = time.monotonic()
+        t0, wall0 = time.monotonic(), dt.datetime.now()
         cl.kill("a")
         for r in runs:
             r.join(WAIT_S + 10)
@@ -103,7 +105,17 @@ def kill9() -> dict:
         gaps = [(r.at[n] if len(r.at) > n and r.code == "done" else r.end) - t0
                 for r, n in zip(runs, seen, strict=True) if r in hit]  # fmt: skip
         return dict(requests=4, faults=1, codes=codes(runs), correct=good,
+                    detect_s=_removed_after(cl.log("router"), "a", wall0),
                     detect_and_recover_s=round(max(gaps), 2))  # fmt: skip
+
+
+def _removed_after(log: str, worker: str, since: dt.datetime) -> float | None:
+    """Seconds from ``since`` to the router's log line removing ``worker``."""
+    m = re.search(rf"^(\S+ \S+) W \S+: worker {worker} removed: (.*)$", log, re.M)
+    if not m:
+        return None
+    at = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
+    return round((at - since).total_seconds(), 3)
 
 
 def restart() -> dict:
