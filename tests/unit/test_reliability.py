@@ -249,3 +249,17 @@ def test_binding_other_hosts_without_keys_warns(caplog: pytest.LogCaptureFixture
     assert guard.setup("workers") is None
     (warning,) = [r for r in caplog.records if "WITHOUT authentication" in r.message]
     assert "0.0.0.0:2" in warning.message
+
+
+def test_worker_frames_waiting_in_the_socket_are_read_before_anything_expires(
+    h: Harness,
+) -> None:
+    h.add_worker("a", FAST)
+    h.add_worker("b", FAST)
+    for w in h.router.workers.values():
+        w.last_seen -= 100.0  # as if a long loop turn had kept the router away
+    cache = {"full": True, "seq": 1, "blocks": []}
+    h.workers["a"].send(p.Heartbeat("a", 1, [], [], 0, 8192, cache))
+    assert h.router.worker_sock.sock.poll(1000)
+    h.router.turn()
+    assert sorted(h.router.workers) == ["a"]  # a's waiting heartbeat counted; b was silent
