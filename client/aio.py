@@ -35,6 +35,7 @@ class AsyncClient:
         self._sock.connect(self.address)
         self._boxes: dict[str | None, asyncio.Queue[p.Message]] = {}
         self._reader: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -45,6 +46,8 @@ class AsyncClient:
     async def close(self) -> None:
         if self._reader:
             self._reader.cancel()
+        if self._watcher:
+            self._watcher.cancel()
         self._sock.close(linger=0)
 
     async def generate(self, prompt: str | None = None, **kwargs: Any) -> Result:
@@ -87,8 +90,24 @@ class AsyncClient:
 
     def _box(self, rid: str | None) -> asyncio.Queue[p.Message]:
         if self._reader is None or self._reader.done():
-            self._reader = asyncio.get_running_loop().create_task(self._read())
+            loop = asyncio.get_running_loop()
+            self._reader = loop.create_task(self._read())
+            self._watcher = loop.create_task(self._watch())
         return self._boxes.setdefault(rid, asyncio.Queue())
+
+    async def _watch(self) -> None:
+        """A closed connection fails every open request at once (RouterLost)."""
+        monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            while True:
+                await monitor.recv_multipart()
+                for rid, box in self._boxes.items():
+                    if rid is not None:
+                        box.put_nowait(
+                            p.Error(p.ROUTER_LOST, "the connection to the router closed", rid)
+                        )
+        finally:
+            monitor.close(linger=0)
 
     async def _get(self, box: asyncio.Queue[p.Message], rid: str | None) -> p.Message:
         try:

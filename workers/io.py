@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 _HB, _MSG = b"hb", b"msg"
 READY_BACKOFF_MAX_S = 5.0
 WORKER_FRAME_BYTES = 64 << 20  # an Assign of the largest prompt fits with room
+_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 STALL_S = 60.0  # compute-thread silence after which heartbeats are no longer repeated
 
 
@@ -78,6 +79,9 @@ class WorkerLink:
         poller = zmq.Poller()
         poller.register(dealer.sock, zmq.POLLIN)
         poller.register(self._pull, zmq.POLLIN)
+        # A refused CURVE handshake is otherwise silent: the Ready just never lands.
+        refused = dealer.sock.get_monitor_socket(_REFUSED)
+        poller.register(refused, zmq.POLLIN)
         backoff_s, next_ready = 0.25, 0.0
         last_hb: bytes | None = None
         last_sent = last_heard = time.monotonic()  # heard: from the compute thread
@@ -106,6 +110,10 @@ class WorkerLink:
                     while dealer.poll(0):
                         if self._dispatch(dealer.recv()):
                             backoff_s, next_ready = 0.25, 0.0
+                if refused in events:
+                    refused.recv_multipart()
+                    log.error("the router at %s refused our handshake: wrong or missing keys "
+                              "(--keys / TANDEM_KEYS, docs/SECURITY.md)", self.router_addr)  # fmt: skip
                 now = time.monotonic()
                 if not stalled and now - last_heard > self.stall_s:
                     log.error("the compute thread has been silent for %.0f s: stuck; no "
@@ -123,6 +131,7 @@ class WorkerLink:
             if self.registered.is_set():
                 dealer.send(p.Goodbye(self.ready.worker_id))
                 time.sleep(0.05)  # let the goodbye leave before the socket closes
+            refused.close(linger=0)
             dealer.close()
             self._pull.close(linger=0)
 

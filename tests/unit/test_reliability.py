@@ -263,3 +263,33 @@ def test_worker_frames_waiting_in_the_socket_are_read_before_anything_expires(
     assert h.router.worker_sock.sock.poll(1000)
     h.router.turn()
     assert sorted(h.router.workers) == ["a"]  # a's waiting heartbeat counted; b was silent
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_closed_connection_fails_open_requests_at_once(tmp_path: Path, use_async: bool) -> None:
+    import asyncio
+
+    from tandem.client import AsyncClient, RouterLost
+
+    address = f"ipc://{tmp_path}/r.sock"
+    router = RouterSocket(address)
+
+    def accept_then_die() -> None:
+        identity, msg = router.recv()
+        router.send(identity, p.Accepted(msg.request_id, "w", 1))
+        router.close()  # the router process going away, as the client sees it
+
+    t = threading.Thread(target=accept_then_die, daemon=True)
+    t.start()
+    if use_async:
+
+        async def go() -> None:
+            async with AsyncClient(address, timeout_s=20) as c:
+                await c.generate(tokens=[1], max_tokens=4)
+
+        with pytest.raises(RouterLost):
+            asyncio.run(go())
+    else:
+        with Client(address, timeout_s=20) as c, pytest.raises(RouterLost):
+            c.generate(tokens=[1], max_tokens=4)
+    t.join(5)
