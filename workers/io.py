@@ -112,8 +112,8 @@ class WorkerLink:
                             backoff_s, next_ready = 0.25, 0.0
                 if refused in events:
                     refused.recv_multipart()
-                    log.error("the router at %s refused our handshake: wrong or missing keys "
-                              "(--keys / TANDEM_KEYS, docs/SECURITY.md)", self.router_addr)  # fmt: skip
+                    log.error("router %s refused our handshake: wrong or missing keys "
+                              "(--keys, docs/SECURITY.md)", self.router_addr)  # fmt: skip
                 now = time.monotonic()
                 if not stalled and now - last_heard > self.stall_s:
                     log.error("the compute thread has been silent for %.0f s: stuck; no "
