@@ -67,7 +67,7 @@ def _run_router(client: str, worker: str, stop: Any) -> None:
     from tandem.common.settings import Addresses
 
     logging.basicConfig(level=logging.ERROR)
-    Router(RouterConfig(Addresses(client, worker))).serve(stop)
+    Router(RouterConfig(addresses=Addresses(client, worker))).serve(stop)
 
 
 @contextmanager

@@ -34,7 +34,7 @@ def loaded_router(n_workers: int, rng: random.Random, inflight_each: int = 2) ->
     its last heartbeat lists and the blocks of one of PREFIXES cached."""
     logging.getLogger("tandem.broker").setLevel(logging.WARNING)  # not a line per worker
     tag = uuid.uuid4().hex
-    router = Router(RouterConfig(Addresses(f"inproc://c{tag}", f"inproc://w{tag}")))
+    router = Router(RouterConfig(addresses=Addresses(f"inproc://c{tag}", f"inproc://w{tag}")))
     router.client_sock.send = _accept_all  # type: ignore[method-assign]
     router.worker_sock.send = _accept_all  # type: ignore[method-assign]
     spec = tiny_spec()

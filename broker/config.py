@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from tandem.broker.admission import AdmissionConfig
 from tandem.broker.calibration import DECODE_ESTIMATES
 from tandem.broker.policies import parse_policy
 from tandem.common.settings import Addresses
@@ -23,6 +24,9 @@ class RouterConfig:
     cpus: tuple[int, ...] | None = None  # cores the router may run on (None: any)
     metrics_port: int | None = None  # serve /metrics there (0: any free port); None: off
     metrics_host: str = "127.0.0.1"
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    no_progress_s: float = 30.0  # a worker holding requests this long without progress
+    keys: str | None = None  # CURVE keys folder (common/auth.py); None: no authentication
 
     def __post_init__(self) -> None:
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
@@ -30,5 +34,5 @@ class RouterConfig:
         parse_policy(self.policy)  # raises ValueError on an unknown policy
         if self.decode_estimate not in DECODE_ESTIMATES:
             raise ValueError(f"decode_estimate must be one of {DECODE_ESTIMATES}")
-        if self.liveness_s <= 0 or self.no_worker_wait_s < 0:
-            raise ValueError("liveness_s must be > 0 and no_worker_wait_s >= 0")
+        if self.liveness_s <= 0 or self.no_worker_wait_s < 0 or self.no_progress_s <= 0:
+            raise ValueError("liveness_s, no_progress_s must be > 0 and no_worker_wait_s >= 0")

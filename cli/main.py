@@ -7,6 +7,7 @@ import click
 
 from tandem.cli.bench import bench
 from tandem.cli.gateway import gateway
+from tandem.cli.keys import keys
 from tandem.cli.options import setup_logging
 from tandem.cli.profile import profile
 from tandem.cli.route import decisions, route
@@ -23,5 +24,17 @@ def main(log_level: str) -> None:
     setup_logging(log_level)
 
 
-for command in (router, worker, gateway, generate, status, top, profile, route, decisions, bench):
+for command in (
+    router,
+    worker,
+    gateway,
+    generate,
+    status,
+    top,
+    profile,
+    route,
+    decisions,
+    bench,
+    keys,
+):
     main.add_command(command)

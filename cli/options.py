@@ -51,6 +51,14 @@ client_addr = click.option(
     help="The router's client address.",
 )
 
+keys_option = click.option(
+    "--keys",
+    envvar="TANDEM_KEYS",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="CURVE keys folder made by `tandem keys` (docs/SECURITY.md); default: none.",
+)
+
 # Shared by `tandem worker` and `tandem profile`.
 sim_profile = click.option(
     "--profile",

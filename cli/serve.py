@@ -8,14 +8,15 @@ import sys
 
 import click
 
+from tandem.broker.admission import AdmissionConfig
 from tandem.broker.calibration import DECODE_ESTIMATES
 from tandem.broker.config import RouterConfig
-from tandem.cli.options import config_default, cpus_option, field_option, sim_profile
+from tandem.cli.options import config_default, cpus_option, field_option, keys_option, sim_profile
 from tandem.common.settings import DEFAULT_CLIENT_ADDR, DEFAULT_WORKER_ADDR, Addresses
 from tandem.workers.backends import BACKENDS
 from tandem.workers.config import WARMUP, EngineConfig, WorkerConfig
 
-R, E, W = RouterConfig, EngineConfig, WorkerConfig
+R, E, W, A = RouterConfig, EngineConfig, WorkerConfig, AdmissionConfig
 
 
 @click.command()
@@ -58,16 +59,21 @@ R, E, W = RouterConfig, EngineConfig, WorkerConfig
     "--metrics-port",
     type=int,
     envvar="TANDEM_METRICS_PORT",
-    default=None,
+    default=config_default(R, "metrics_port"),
     help="Serve Prometheus /metrics on this port (off when unset).",
 )
 @click.option(
     "--metrics-host",
     envvar="TANDEM_METRICS_HOST",
-    default="127.0.0.1",
+    default=config_default(R, "metrics_host"),
     show_default=True,
     help="Address the metrics endpoint binds.",
 )
+@field_option(A, "max_pending", "Requests waiting for a worker; past this: `overloaded`.")
+@field_option(A, "queue_per_slot", "Queued requests a worker may hold per batch slot.")
+@field_option(A, "max_prompt_chars")
+@field_option(R, "no_progress_s", "Expire a worker holding requests with no progress this long.")
+@keys_option
 def router(
     client_addr: str,
     worker_addr: str,
@@ -80,9 +86,16 @@ def router(
     cpus: tuple[int, ...] | None,
     metrics_port: int | None,
     metrics_host: str,
+    max_pending: int,
+    queue_per_slot: int,
+    max_prompt_chars: int,
+    no_progress_s: float,
+    keys: str | None,
 ) -> None:
     """Run the router."""
+    from tandem.broker.admission import AdmissionConfig
     from tandem.broker.main import run_router
+    from tandem.common.auth import keys_dir
 
     try:
         cfg = RouterConfig(
@@ -96,6 +109,13 @@ def router(
             cpus=cpus,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
+            admission=AdmissionConfig(
+                max_pending=max_pending,
+                queue_per_slot=queue_per_slot,
+                max_prompt_chars=max_prompt_chars,
+            ),
+            no_progress_s=no_progress_s,
+            keys=str(keys_dir(keys)) if keys else None,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -149,6 +169,7 @@ def router(
 )
 @sim_profile
 @cpus_option
+@keys_option
 def worker(
     router_addr: str,
     backend: str,
@@ -168,6 +189,7 @@ def worker(
     warmup: str,
     profile_file: str | None,
     cpus: tuple[int, ...] | None,
+    keys: str | None,
 ) -> None:
     """Run a worker process (one device)."""
     from tandem.workers.main import run_worker
@@ -196,6 +218,7 @@ def worker(
             profile=profile_file,
             warmup=warmup,
             cpus=cpus,
+            keys=keys,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -24,23 +24,10 @@ from typing import Any, ClassVar
 import msgpack
 
 from tandem.common.codec import FieldError, codec_for
+from tandem.common.errors import ErrorCode, Problem
+from tandem.common.validation import message_problem
 
 PROTOCOL_VERSION = 3  # 3: Ready.tokenizer_hash, Reregister.tokenizer
-
-
-class ErrorCode(StrEnum):
-    """Why a request or frame failed (``Error.code``; documented in docs/PROTOCOL.md)."""
-
-    BAD_FRAME = "bad_frame"  # not msgpack / not a map / unknown type
-    BAD_REQUEST = "bad_request"  # well-formed frame, invalid content
-    VERSION_MISMATCH = "version_mismatch"
-    PROMPT_TOO_LONG = "prompt_too_long"
-    NO_WORKERS = "no_workers"
-    DUPLICATE_REQUEST = "duplicate_request"
-    WORKER_LOST = "worker_lost"
-    WORKER_ERROR = "worker_error"  # the backend failed while running the request
-    INTERNAL = "internal"  # the router hit a bug handling the request
-    OVERLOADED = "overloaded"
 
 
 class FinishReason(StrEnum):
@@ -59,24 +46,9 @@ VERSION_MISMATCH, PROMPT_TOO_LONG = ErrorCode.VERSION_MISMATCH, ErrorCode.PROMPT
 NO_WORKERS, DUPLICATE_REQUEST = ErrorCode.NO_WORKERS, ErrorCode.DUPLICATE_REQUEST
 WORKER_LOST, WORKER_ERROR = ErrorCode.WORKER_LOST, ErrorCode.WORKER_ERROR
 INTERNAL, OVERLOADED = ErrorCode.INTERNAL, ErrorCode.OVERLOADED
+ROUTER_LOST = ErrorCode.ROUTER_LOST
 
 MAX_STOP_STRINGS = 16
-
-
-@dataclass(frozen=True)
-class Problem:
-    """Why something cannot be accepted: an error code and a human message.
-
-    Every validator returns ``Problem | None``; the receiver turns a Problem into
-    an ``Error`` reply (or a log line when there is no one to reply to).
-    """
-
-    code: ErrorCode
-    message: str
-
-    @classmethod
-    def bad_request(cls, message: str) -> Problem:
-        return cls(ErrorCode.BAD_REQUEST, message)
 
 
 class ProtocolError(ValueError):
@@ -167,6 +139,7 @@ class Welcome(Message):
     TYPE: ClassVar[str] = "welcome"
     router: str = "tandem"
     policy: str = ""
+    epoch: str = ""  # random per router start (broker/identity.py)
 
 
 # ---------------------------------------------------------------- client -> router
@@ -248,6 +221,7 @@ class Error(Message):
     code: ErrorCode
     message: str
     request_id: str | None = None
+    retry_after_s: float | None = None  # with OVERLOADED: when trying again may succeed
 
 
 # ---------------------------------------------------------------- worker <-> router
@@ -306,6 +280,7 @@ class Assign(Message):
     request_id: str
     tokens: list[int]
     sampling: SamplingParams
+    resume: int = 0  # a migrated stream: the last ``resume`` tokens were already output
 
 
 @dataclass
@@ -396,6 +371,10 @@ def decode(frame: bytes) -> Message:
     if cls is None:
         raise ProtocolError(BAD_FRAME, f"unknown message type {tag!r}", rid)
     try:
-        return _CODECS[cls].build(body)  # type: ignore[no-any-return]
+        msg = _CODECS[cls].build(body)
     except FieldError as exc:
         raise ProtocolError(BAD_REQUEST, str(exc), rid) from None
+    problem = message_problem(msg)  # values within bounds (common/validation.py)
+    if problem is not None:
+        raise ProtocolError(problem.code, problem.message, rid)
+    return msg

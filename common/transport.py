@@ -8,6 +8,7 @@ one thread only (it may be created on another before that thread starts).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import zmq
 
@@ -21,16 +22,28 @@ _NOW = int(zmq.NOBLOCK)
 _MORE_NOW = int(zmq.SNDMORE | zmq.NOBLOCK)
 
 
+CLIENT_FRAME_BYTES = 8 << 20  # the router's limit on client frames (a Submit)
+Setup = Callable[[zmq.Socket], None]  # e.g. CURVE options (common/auth.py), before bind/connect
+
+
 def context() -> zmq.Context:
     return zmq.Context.instance()
+
+
+def _limit(sock: zmq.Socket, max_msg_bytes: int, setup: Setup | None) -> None:
+    # A larger frame closes the sender's connection before it is ever buffered whole.
+    sock.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)
+    if setup is not None:
+        setup(sock)
 
 
 class RouterSocket:
     """A bound ROUTER socket: every message comes with the sender's identity."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, max_msg_bytes: int = -1, setup: Setup | None = None) -> None:
         self.sock = context().socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        _limit(self.sock, max_msg_bytes, setup)
         # Fail loudly instead of silently dropping frames to a peer that left.
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # Token streams are many small frames: a deep queue absorbs a slow reader.
@@ -83,9 +96,16 @@ class RouterSocket:
 class DealerSocket:
     """A connected DEALER socket (client or worker side)."""
 
-    def __init__(self, address: str, identity: bytes | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        identity: bytes | None = None,
+        max_msg_bytes: int = -1,
+        setup: Setup | None = None,
+    ) -> None:
         self.sock = context().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        _limit(self.sock, max_msg_bytes, setup)
         if identity:
             self.sock.setsockopt(zmq.IDENTITY, identity)
         self.sock.connect(address)

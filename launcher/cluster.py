@@ -48,6 +48,7 @@ class Cluster:
     transport: str = "ipc"  # or "tcp"
     log_dir: Path | None = None
     start_timeout_s: float = 60.0
+    keys: str | None = None  # CURVE keys folder for every process and client (`tandem keys`)
 
     def __post_init__(self) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="tandem-")
@@ -79,6 +80,7 @@ class Cluster:
                 self.client_addr,
                 "--worker-addr",
                 self.worker_addr,
+                *self._keys_args(),
                 *self.router_args,
             ],
         )
@@ -86,10 +88,21 @@ class Cluster:
     def start_worker(self, spec: WorkerSpec, wait: bool = True) -> None:
         self._spawn(
             spec.worker_id,
-            ["worker", "--router", self.worker_addr, "--worker-id", spec.worker_id, *spec.args],
+            [
+                "worker",
+                "--router",
+                self.worker_addr,
+                "--worker-id",
+                spec.worker_id,
+                *self._keys_args(),
+                *spec.args,
+            ],
         )
         if wait:
             self.wait_for_workers({spec.worker_id})
+
+    def _keys_args(self) -> list[str]:
+        return ["--keys", self.keys] if self.keys else []
 
     def start(self) -> Cluster:
         self.start_router()
@@ -163,7 +176,7 @@ class Cluster:
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""
 
     def client(self, **kwargs: float) -> Client:
-        return Client(self.client_addr, **kwargs)  # type: ignore[arg-type]
+        return Client(self.client_addr, keys=self.keys, **kwargs)  # type: ignore[arg-type]
 
     def __enter__(self) -> Cluster:
         return self.start()

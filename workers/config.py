@@ -53,6 +53,7 @@ class WorkerConfig:
     profile: str | None = None  # sim backend: its device profile file
     cpus: tuple[int, ...] | None = None  # cores this worker (and its threads) may use
     warmup: str = "auto"  # on | off | auto (on for GPU devices): see workers.profiler.warm_up
+    keys: str | None = None  # CURVE keys folder (common/auth.py); None: TANDEM_KEYS or none
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

@@ -138,6 +138,8 @@ class Engine:
         elif isinstance(msg, p.ResyncCache):
             self.cache.log.request_full()
             self._changed = True
+        elif isinstance(msg, p.Reregister):
+            self.drop_all()
         else:
             log.warning("engine ignores %s", msg.TYPE)
 
@@ -146,8 +148,22 @@ class Engine:
         if problem:
             self.emit(p.Error(problem.code, problem.message, req.id))
             return
+        # A migrated stream: replay the text already sent so that held-back stop-string
+        # prefixes and split UTF-8 characters continue exactly where they were.
+        for token in req.prompt[len(req.prompt) - req.resumed :]:
+            req.text.feed(self.backend.piece(token))
         self.queue.append(req)
         self._changed = True
+
+    def drop_all(self) -> None:
+        """Forget every request without a word: a new registration with the router
+        began, and the router has already failed or re-routed all of them."""
+        if self.queue or self.active:
+            log.warning("dropping %d requests of an earlier registration",
+                        len(self.queue) + len(self.active))  # fmt: skip
+        self.queue.clear()
+        for r in list(self.active):
+            self.finish(r, None, notify=False)
 
     def cancel(self, request_id: str) -> None:
         for r in self.queue:

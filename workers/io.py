@@ -24,12 +24,14 @@ import time
 import zmq
 
 from tandem.common import protocol as p
-from tandem.common.transport import DealerSocket, context
+from tandem.common.transport import DealerSocket, Setup, context
 
 log = logging.getLogger(__name__)
 
 _HB, _MSG = b"hb", b"msg"
 READY_BACKOFF_MAX_S = 5.0
+WORKER_FRAME_BYTES = 64 << 20  # an Assign of the largest prompt fits with room
+_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 STALL_S = 60.0  # compute-thread silence after which heartbeats are no longer repeated
 
 
@@ -40,8 +42,11 @@ class WorkerLink:
         ready: p.Ready,
         inbox: queue.Queue[p.Message],
         stall_s: float = STALL_S,
+        setup: Setup | None = None,
     ) -> None:
         self.router_addr = router_addr
+        self.setup = setup  # CURVE options when the router uses keys
+        self._registrations = 0
         self.stall_s = stall_s
         self.ready = ready
         # With a hash, the first Ready leaves the 1.5 MB spec out; a router that
@@ -74,10 +79,15 @@ class WorkerLink:
             log.debug("dropped %s after the I/O thread stopped", msg.TYPE)
 
     def run(self, stop: threading.Event) -> None:
-        dealer = DealerSocket(self.router_addr, identity=self.ready.worker_id.encode())
+        dealer = DealerSocket(
+            self.router_addr, self.ready.worker_id.encode(), WORKER_FRAME_BYTES, self.setup
+        )
         poller = zmq.Poller()
         poller.register(dealer.sock, zmq.POLLIN)
         poller.register(self._pull, zmq.POLLIN)
+        # A refused CURVE handshake is otherwise silent: the Ready just never lands.
+        refused = dealer.sock.get_monitor_socket(_REFUSED)
+        poller.register(refused, zmq.POLLIN)
         backoff_s, next_ready = 0.25, 0.0
         last_hb: bytes | None = None
         last_sent = last_heard = time.monotonic()  # heard: from the compute thread
@@ -106,6 +116,10 @@ class WorkerLink:
                     while dealer.poll(0):
                         if self._dispatch(dealer.recv()):
                             backoff_s, next_ready = 0.25, 0.0
+                if refused in events:
+                    refused.recv_multipart()
+                    log.error("router %s refused our handshake: wrong or missing keys "
+                              "(--keys, docs/SECURITY.md)", self.router_addr)  # fmt: skip
                 now = time.monotonic()
                 if not stalled and now - last_heard > self.stall_s:
                     log.error("the compute thread has been silent for %.0f s: stuck; no "
@@ -123,6 +137,7 @@ class WorkerLink:
             if self.registered.is_set():
                 dealer.send(p.Goodbye(self.ready.worker_id))
                 time.sleep(0.05)  # let the goodbye leave before the socket closes
+            refused.close(linger=0)
             dealer.close()
             self._pull.close(linger=0)
 
@@ -134,8 +149,13 @@ class WorkerLink:
                 self.fatal = msg.message
         elif isinstance(msg, p.Welcome):
             if not self.registered.is_set():
-                log.info("registered with router %s", self.router_addr)
+                log.info("registered with router %s (epoch %s)", self.router_addr, msg.epoch)
                 self.registered.set()
+                if self._registrations:
+                    # What an earlier registration assigned was failed or re-routed by
+                    # the router already (broker/identity.py): drop it, do not finish it.
+                    self.inbox.put(p.Reregister())
+                self._registrations += 1
                 self.inbox.put(p.ResyncCache())  # the router starts from an empty view
         elif isinstance(msg, p.Reregister):
             if msg.tokenizer and not self._send_spec:

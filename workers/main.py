@@ -74,7 +74,9 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
         tokenizer_hash=p.tokenizer_hash(spec),
     )
     inbox: queue.Queue[p.Message] = queue.Queue()
-    link = WorkerLink(cfg.router, ready, inbox)
+    from tandem.common.auth import peer_setup
+
+    link = WorkerLink(cfg.router, ready, inbox, setup=peer_setup(cfg.keys, "worker"))
     engine = Engine(backend, cfg.engine, link.emit, worker_id, inbox)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -35,6 +35,7 @@ class Request:
     n_fed: int = 0  # output tokens fed back through the model (all but the newest)
     output: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    resumed: int = 0  # a migrated stream: the prompt's last ``resumed`` ids were output before
     slot: Any = None  # backend handle while active (llama.cpp seq id, MLX cache)
     sampler: Any = None  # backend sampler state
     t_arrive: float = field(default_factory=time.monotonic)
@@ -48,7 +49,9 @@ class Request:
 
     @classmethod
     def from_assign(cls, msg: Assign) -> Request:
-        return cls(id=msg.request_id, prompt=list(msg.tokens), sampling=msg.sampling)
+        return cls(
+            id=msg.request_id, prompt=list(msg.tokens), sampling=msg.sampling, resumed=msg.resume
+        )
 
     @property
     def max_tokens(self) -> int:

@@ -201,7 +201,9 @@ def test_prefill_is_calibrated_only_from_requests_that_ran_alone() -> None:
     assert cal.adjust(WorkerView("a", 100.0, (50.0,))).prefill_rate == 100.0
 
 
-def test_a_lost_worker_s_unseen_requests_are_routed_again_in_order(h: Harness) -> None:
+def test_a_lost_worker_s_requests_move_on_in_order_streams_after_their_output(
+    h: Harness,
+) -> None:
     h.add_worker("a", FAST)
     for rid in ("seen", "unseen-1", "unseen-2"):
         h.submit(rid, prompt(1))
@@ -211,25 +213,29 @@ def test_a_lost_worker_s_unseen_requests_are_routed_again_in_order(h: Harness) -
     assert isinstance(h.recv(h.client), p.TokenDelta)  # "seen" showed the client a token
     h.workers["a"].send(p.Goodbye("a"))
     h.pump()
-    lost = h.recv(h.client)
-    assert isinstance(lost, p.Error) and (lost.code, lost.request_id) == (p.WORKER_LOST, "seen")
-    assert [r.submit.request_id for r in h.router.pending] == ["unseen-1", "unseen-2"]
+    assert [r.submit.request_id for r in h.router.pending] == ["seen", "unseen-1", "unseen-2"]
     assert not h.client.poll(50)  # they wait for a worker instead of failing
     h.client.send(p.StatusQuery())
     h.pump()
     status = h.recv(h.client)
     assert isinstance(status, p.StatusReply)
-    assert (status.requests_in_flight, status.requests_pending, status.workers) == (0, 2, [])
+    assert (status.requests_in_flight, status.requests_pending, status.workers) == (0, 3, [])
     h.add_worker("b", FAST)
-    again = [h.assigned("b") for _ in range(2)]
-    assert [a.tokens for a in again] == [first.tokens, second.tokens]
-    accepted = [h.recv(h.client) for _ in range(2)]
+    again = [h.assigned("b") for _ in range(3)]
+    # The stream continues after the token the client saw: prompt + output, budget left.
+    assert (again[0].tokens, again[0].resume) == (seen.tokens + [5], 1)
+    assert again[0].sampling.max_tokens == seen.sampling.max_tokens - 1
+    assert [a.tokens for a in again[1:]] == [first.tokens, second.tokens]
+    accepted = [h.recv(h.client) for _ in range(2)]  # none again for the migrated stream
     assert [(m.request_id, m.worker_id) for m in accepted] == [("unseen-1", "b"), ("unseen-2", "b")]
-    h.workers["b"].send(p.Done(again[0].request_id, "length", {}))
+    h.workers["b"].send(p.TokenDelta(again[0].request_id, [6], "t6"))
+    h.workers["b"].send(p.Done(again[0].request_id, "length", {"output_tokens": 1}))
     h.pump()
+    assert h.recv(h.client) == p.TokenDelta("seen", [6], "t6")
     done = h.recv(h.client)
     assert isinstance(done, p.Done) and done.stats["rerouted_from"] == ["a"]
-    assert done.stats["worker"] == "b"
+    assert (done.stats["worker"], done.stats["output_tokens"]) == ("b", 2)
+    assert done.stats["migrated_tokens"] == 1
 
 
 def test_a_running_request_calibrates_decode_before_it_finishes() -> None:

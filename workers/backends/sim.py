@@ -176,7 +176,10 @@ class SimBackend:
     # ------------------------------------------------------------ slots
     def begin(self, req: Request, match: Match) -> None:
         # The engine already counts match.n_tokens as computed: only the rest is slept for.
-        digest = hashlib.blake2b(array("q", req.prompt).tobytes(), digest_size=8).digest()
+        # Keyed on the prompt before any migrated output, with output positions counted
+        # from there (run below): a migrated stream continues exactly as greedy would.
+        prompt = req.prompt[: len(req.prompt) - req.resumed]
+        digest = hashlib.blake2b(array("q", prompt).tobytes(), digest_size=8).digest()
         req.slot = int.from_bytes(digest, "little")
         self._live += 1
 
@@ -203,10 +206,10 @@ class SimBackend:
             time.sleep(self._free_at - now)
         self._idle = False
         self.busy_s += cost_s
-        out = {r.id: self._token(r.slot, len(r.output)) for r in decode}
+        out = {r.id: self._token(r.slot, r.resumed + len(r.output)) for r in decode}
         for r, n in prefill:
             if r.n_computed + n == len(r.prompt) and not r.prefill_only:
-                out[r.id] = self._token(r.slot, 0)
+                out[r.id] = self._token(r.slot, r.resumed)
         return out
 
     def _token(self, seed: int, position: int) -> int:
