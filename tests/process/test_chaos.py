@@ -169,6 +169,10 @@ def test_strangers_without_keys_are_refused(tmp_path: Path) -> None:
             assert [w["id"] for w in c.status().workers] == ["w"]
         assert not fake.poll(200)  # not one frame reached the stranger
         fake.close()
+        cl.start_worker(WorkerSpec("intruder", [*GPU, "--keys", str(other)]), wait=False)
+        wait_until(lambda: "refused our handshake" in cl.log("intruder"), "the refusal")
+        with Client(cl.client_addr, keys=str(keys)) as c:
+            assert [w["id"] for w in c.status().workers] == ["w"]
         t0 = time.monotonic()
         stranger = Client(cl.client_addr, keys=str(other), retries=0, connect_timeout_s=5)
         with stranger as c, pytest.raises(TandemError):
