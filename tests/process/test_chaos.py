@@ -38,6 +38,13 @@ from tests.chaos import (
 
 pytestmark = pytest.mark.timeout(180)
 
+try:  # sim workers take the embedded model's name and tokenizer
+    from tandem.common.model_files import default_model_path
+
+    default_model_path()
+except FileNotFoundError as exc:
+    pytest.skip(str(exc), allow_module_level=True)
+
 
 def test_kill_9_of_a_worker_mid_stream_migrates_its_streams(tmp_path: Path) -> None:
     # A 30 s liveness floor: only the disconnect monitor can make recovery fast.
