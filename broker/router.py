@@ -269,6 +269,10 @@ class Router:
             if any(sub.worker in (w.id, w.info.device) for w in fitting):
                 return False  # the pinned worker is full: wait for it
             too_long = any(sub.worker in (w.id, w.info.device) for w in self.workers.values())
+            if req.lost_on and not too_long:  # pinned to the worker it lost: no migration
+                lost = f"worker {req.lost_on[-1]} was lost; the request is pinned to {sub.worker!r}"
+                self._fail(req, p.WORKER_LOST, lost)
+                return True
             code = p.PROMPT_TOO_LONG if too_long else p.NO_WORKERS
             self._fail(req, code, f"{exc} that fits this request" if too_long else str(exc))
             return True

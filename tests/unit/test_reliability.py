@@ -293,3 +293,15 @@ def test_a_closed_connection_fails_open_requests_at_once(tmp_path: Path, use_asy
         with Client(address, timeout_s=20) as c, pytest.raises(RouterLost):
             c.generate(tokens=[1], max_tokens=4)
     t.join(5)
+
+
+def test_a_request_pinned_to_a_lost_worker_fails_worker_lost(h: Harness) -> None:
+    h.add_worker("a", FAST)
+    h.add_worker("b", FAST)
+    h.client.send(p.Submit("r1", tokens=[1, 2, 3], worker="a"))
+    h.pump()
+    assert isinstance(h.recv(h.client), p.Accepted)
+    h.workers["a"].send(p.Goodbye("a"))
+    h.pump()
+    err = h.recv(h.client)
+    assert isinstance(err, p.Error) and (err.code, err.request_id) == (p.WORKER_LOST, "r1")
