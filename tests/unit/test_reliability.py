@@ -77,13 +77,18 @@ def test_request_ids_of_two_router_starts_never_collide() -> None:
     assert not first & {b.next() for _ in range(100)} and len(first) == 100
 
 
-def test_tokens_from_a_worker_that_does_not_own_the_request_are_dropped(h: Harness) -> None:
+def pinned_to_a(h: Harness) -> str:
+    """Workers a and b; request r1 pinned to a. Its worker-side id."""
     h.add_worker("a", FAST)
     h.add_worker("b", FAST)
     h.client.send(p.Submit("r1", tokens=[1, 2, 3], worker="a"))
     h.pump()
     assert isinstance(h.recv(h.client), p.Accepted)
-    wid = h.assigned("a").request_id
+    return h.assigned("a").request_id
+
+
+def test_tokens_from_a_worker_that_does_not_own_the_request_are_dropped(h: Harness) -> None:
+    wid = pinned_to_a(h)
     assert wid.startswith(h.router.ids.epoch + ".")
     h.workers["b"].send(p.TokenDelta(wid, [9], "forged"))
     h.workers["b"].send(p.Done(wid, p.FinishReason.LENGTH, {}))
@@ -296,11 +301,7 @@ def test_a_closed_connection_fails_open_requests_at_once(tmp_path: Path, use_asy
 
 
 def test_a_request_pinned_to_a_lost_worker_fails_worker_lost(h: Harness) -> None:
-    h.add_worker("a", FAST)
-    h.add_worker("b", FAST)
-    h.client.send(p.Submit("r1", tokens=[1, 2, 3], worker="a"))
-    h.pump()
-    assert isinstance(h.recv(h.client), p.Accepted)
+    pinned_to_a(h)
     h.workers["a"].send(p.Goodbye("a"))
     h.pump()
     err = h.recv(h.client)
