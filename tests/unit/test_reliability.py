@@ -179,6 +179,8 @@ def test_a_worker_holding_requests_without_progress_is_stuck() -> None:
     live.on_heartbeat("w", remaining=40, holds=True, now=1.0)
     live.on_heartbeat("w", remaining=40, holds=True, now=9.0)  # same work left: no progress
     assert live.stuck_for("w", holds=True, now=9.0) == pytest.approx(8.0)
+    assert "no progress" in live.why_expired("w", 9.0, window_s=3.0, holds=True, now=9.0)
+    assert "silent" in live.why_expired("w", 1.0, window_s=3.0, holds=True, now=9.0)
     live.on_heartbeat("w", remaining=39, holds=True, now=9.5)
     assert live.stuck_for("w", holds=True, now=10.0) == pytest.approx(0.5)
     live.on_disconnect(now=10.0)
