@@ -86,6 +86,18 @@ class Admission:
             f"{self.retry_after_s(n_pending):.1f}s",
         )
 
+    def full_problem_for(self, sub: p.Submit, pending: list[p.Submit]) -> p.Problem | None:
+        """``full_problem`` for ``sub`` joining ``pending`` (O(pending), which is bounded)."""
+        units = prompt_units(sub) + sum(prompt_units(s) for s in pending)
+        return self.full_problem(len(pending), units)
+
+    def error(self, problem: p.Problem, sub: p.Submit, n_pending: int) -> p.Error:
+        """The reply refusing ``sub``; ``overloaded`` carries the retry hint."""
+        retry = None
+        if problem.code == p.OVERLOADED:
+            retry = round(self.retry_after_s(n_pending), 3)
+        return p.Error(problem.code, problem.message, sub.request_id, retry)
+
     def retry_after_s(self, n_pending: int) -> float:
         """When the queue should have room: its length over the recent completion rate."""
         if self._gap_s <= 0:

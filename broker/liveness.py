@@ -64,6 +64,18 @@ class Liveness:
             return 0.0
         return now - self.progress.setdefault(worker_id, Progress(now)).at
 
+    def why_expired(
+        self, worker_id: str, last_seen: float, window_s: float, holds: bool, now: float
+    ) -> str | None:
+        """Why the router should give this worker up now, or None."""
+        silent_s = self.silent_for(last_seen, now)
+        if silent_s > window_s:
+            return f"silent for {silent_s:.1f}s"
+        stuck_s = self.stuck_for(worker_id, holds, now)
+        if stuck_s > self.no_progress_s:
+            return f"no progress on its requests for {stuck_s:.1f}s"
+        return None
+
     def forget(self, worker_id: str) -> None:
         self.progress.pop(worker_id, None)
 

@@ -17,11 +17,7 @@ from typing import Any
 
 import zmq
 
-from tandem.broker.admission import (
-    WORKER_FRAME_BYTES,
-    Admission,
-    prompt_units,
-)
+from tandem.broker.admission import WORKER_FRAME_BYTES, Admission
 from tandem.broker.calibration import Calibration
 from tandem.broker.config import RouterConfig
 from tandem.broker.decisions import DecisionLog, decision_record
@@ -180,16 +176,10 @@ class Router:
             problem = p.Problem(
                 p.DUPLICATE_REQUEST, f"request id {msg.request_id!r} is already in flight"
             )
-        if problem is None:  # O(pending), and pending is bounded
-            units = prompt_units(msg) + sum(prompt_units(r.submit) for r in self.pending)
-            problem = self.admission.full_problem(len(self.pending), units)
+        if problem is None:
+            problem = self.admission.full_problem_for(msg, [r.submit for r in self.pending])
         if problem:
-            retry = None
-            if problem.code == p.OVERLOADED:
-                retry = round(self.admission.retry_after_s(len(self.pending)), 3)
-            self.client_sock.send(
-                identity, p.Error(problem.code, problem.message, msg.request_id, retry)
-            )
+            self.client_sock.send(identity, self.admission.error(problem, msg, len(self.pending)))
             return
         req = ClientRequest(identity, msg, time.monotonic())
         req.deadline = req.received + self.cfg.no_worker_wait_s
@@ -276,6 +266,10 @@ class Router:
             if any(sub.worker in (w.id, w.info.device) for w in fitting):
                 return False  # the pinned worker is full: wait for it
             too_long = any(sub.worker in (w.id, w.info.device) for w in self.workers.values())
+            if req.lost_on and not too_long:  # pinned to the worker it lost: no migration
+                lost = f"worker {req.lost_on[-1]} was lost; the request is pinned to {sub.worker!r}"
+                self._fail(req, p.WORKER_LOST, lost)
+                return True
             code = p.PROMPT_TOO_LONG if too_long else p.NO_WORKERS
             self._fail(req, code, f"{exc} that fits this request" if too_long else str(exc))
             return True
@@ -437,12 +431,10 @@ class Router:
     def expire_workers(self) -> None:
         now = time.monotonic()
         for w in list(self.workers.values()):
-            silent_s = self.liveness.silent_for(w.last_seen, now)
-            stuck_s = self.liveness.stuck_for(w.id, bool(w.inflight), now)
-            if silent_s > w.liveness_s(self.cfg.liveness_s):
-                self._drop_worker(w, f"silent for {silent_s:.1f}s")
-            elif stuck_s > self.cfg.no_progress_s:
-                self._drop_worker(w, f"no progress on its requests for {stuck_s:.1f}s")
+            window_s = w.liveness_s(self.cfg.liveness_s)
+            why = self.liveness.why_expired(w.id, w.last_seen, window_s, bool(w.inflight), now)
+            if why:
+                self._drop_worker(w, why)
 
     def _probe_workers(self) -> None:
         """After a disconnect event: a send to a departed worker fails at once."""

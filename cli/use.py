@@ -90,7 +90,7 @@ def generate(
 
 
 def _check_arguments(text_arg: dict, options: dict, timeout_s: float) -> None:
-    """One clear line and exit 2 for any argument the request cannot carry."""
+    """One clear line and exit 1 for any argument the request cannot carry."""
     from tandem.client.session import make_submit
     from tandem.common import protocol as p
 
@@ -106,9 +106,9 @@ def _check_arguments(text_arg: dict, options: dict, timeout_s: float) -> None:
         problem = problem or "the arguments must be valid UTF-8 text"
     except (OverflowError, ValueError, TypeError) as exc:  # ints past 64 bits, ...
         problem = problem or f"an argument is out of range: {exc}"
-    if problem:
-        click.echo(f"tandem generate: bad argument: {problem}", err=True)
-        sys.exit(2)
+    if problem:  # the same line and exit code as the router's bad_request
+        click.echo(f"error (bad_request): {problem}", err=True)
+        sys.exit(1)
 
 
 @click.command()

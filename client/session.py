@@ -97,7 +97,7 @@ class Assembly:
                 self.token_ids,
                 msg.finish_reason,
                 msg.stats,
-                self.worker or msg.stats.get("worker"),
+                msg.stats.get("worker") or self.worker,  # the last one, if it migrated
             )
         elif isinstance(msg, p.Error):
             raise from_error(msg)

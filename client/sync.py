@@ -19,7 +19,12 @@ from tandem.common.transport import CLIENT_FRAME_BYTES, DealerSocket
 
 # A closed connection loses every request in flight on it: the router answers on
 # the connection a request came in on, and a reconnected socket is a new peer.
-_LOST_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+_REFUSED = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+_LOST_EVENTS = zmq.EVENT_DISCONNECTED | _REFUSED
 
 
 class Client:
@@ -153,8 +158,8 @@ class Client:
         events = []
         while self._monitor.poll(0):
             events.append(recv_monitor_message(self._monitor)["event"])
-        auth = zmq.EVENT_HANDSHAKE_FAILED_AUTH in events
-        why = "refused our key (authentication failed)" if auth else "closed"
+        refused = any(e & _REFUSED for e in events)
+        why = "refused our handshake (wrong or missing keys?)" if refused else "closed"
         for rid in self._open:
             self._mail[rid].append(
                 p.Error(

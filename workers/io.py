@@ -31,7 +31,13 @@ log = logging.getLogger(__name__)
 _HB, _MSG = b"hb", b"msg"
 READY_BACKOFF_MAX_S = 5.0
 WORKER_FRAME_BYTES = 64 << 20  # an Assign of the largest prompt fits with room
-_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+# A wrong router key shows as NO_DETAIL (its hello cannot be decrypted), a key
+# the router does not accept as AUTH.
+_REFUSED = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 STALL_S = 60.0  # compute-thread silence after which heartbeats are no longer repeated
 
 

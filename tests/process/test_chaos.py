@@ -38,6 +38,13 @@ from tests.chaos import (
 
 pytestmark = pytest.mark.timeout(180)
 
+try:  # sim workers take the embedded model's name and tokenizer
+    from tandem.common.model_files import default_model_path
+
+    default_model_path()
+except FileNotFoundError as exc:
+    pytest.skip(str(exc), allow_module_level=True)
+
 
 def test_kill_9_of_a_worker_mid_stream_migrates_its_streams(tmp_path: Path) -> None:
     # A 30 s liveness floor: only the disconnect monitor can make recovery fast.
@@ -169,6 +176,10 @@ def test_strangers_without_keys_are_refused(tmp_path: Path) -> None:
             assert [w["id"] for w in c.status().workers] == ["w"]
         assert not fake.poll(200)  # not one frame reached the stranger
         fake.close()
+        cl.start_worker(WorkerSpec("intruder", [*GPU, "--keys", str(other)]), wait=False)
+        wait_until(lambda: "refused our handshake" in cl.log("intruder"), "the refusal")
+        with Client(cl.client_addr, keys=str(keys)) as c:
+            assert [w["id"] for w in c.status().workers] == ["w"]
         t0 = time.monotonic()
         stranger = Client(cl.client_addr, keys=str(other), retries=0, connect_timeout_s=5)
         with stranger as c, pytest.raises(TandemError):

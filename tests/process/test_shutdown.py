@@ -1,5 +1,6 @@
 """A worker told to stop (SIGTERM) exits within 2 s, even mid-stream, and what it
-held ends with a clear error at its client instead of a hang."""
+held is not left hanging: the router migrates the stream to another worker, and
+with none to take it the client gets a clear error once --no-worker-wait-s passes."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import subprocess
 
 import pytest
 
-from tandem.client import WorkerLost
+from tandem.client import NoWorkers
 from tandem.launcher.cluster import Cluster, WorkerSpec
 from tests.helpers import LLAMA_ARGS, needs_llama, wait_for
 
@@ -24,7 +25,8 @@ EXIT_BOUND_S = 2.0
     ids=["llama.cpp", "sim"],
 )
 def test_sigterm_mid_stream_exits_promptly_and_fails_the_stream(spec: WorkerSpec) -> None:
-    with Cluster(workers=[spec]) as cl, cl.client(timeout_s=60) as c:
+    router = ["--no-worker-wait-s", "2"]
+    with Cluster(workers=[spec], router_args=router) as cl, cl.client(timeout_s=60) as c:
         stream = c.stream("Tell me a long story.", max_tokens=400, ignore_eos=True)
         tokens = iter(stream)
         next(tokens), next(tokens)  # it is streaming
@@ -36,7 +38,7 @@ def test_sigterm_mid_stream_exits_promptly_and_fails_the_stream(spec: WorkerSpec
             proc.kill()
             pytest.fail(f"worker still running {EXIT_BOUND_S} s after SIGTERM")
         assert code == 0, cl.log(spec.worker_id)
-        with pytest.raises(WorkerLost):
+        with pytest.raises(NoWorkers):  # the only worker is gone: nowhere to migrate
             for _ in tokens:
                 pass
         wait_for(c, lambda workers: workers == [], timeout_s=10)

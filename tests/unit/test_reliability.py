@@ -77,13 +77,18 @@ def test_request_ids_of_two_router_starts_never_collide() -> None:
     assert not first & {b.next() for _ in range(100)} and len(first) == 100
 
 
-def test_tokens_from_a_worker_that_does_not_own_the_request_are_dropped(h: Harness) -> None:
+def pinned_to_a(h: Harness) -> str:
+    """Workers a and b; request r1 pinned to a. Its worker-side id."""
     h.add_worker("a", FAST)
     h.add_worker("b", FAST)
     h.client.send(p.Submit("r1", tokens=[1, 2, 3], worker="a"))
     h.pump()
     assert isinstance(h.recv(h.client), p.Accepted)
-    wid = h.assigned("a").request_id
+    return h.assigned("a").request_id
+
+
+def test_tokens_from_a_worker_that_does_not_own_the_request_are_dropped(h: Harness) -> None:
+    wid = pinned_to_a(h)
     assert wid.startswith(h.router.ids.epoch + ".")
     h.workers["b"].send(p.TokenDelta(wid, [9], "forged"))
     h.workers["b"].send(p.Done(wid, p.FinishReason.LENGTH, {}))
@@ -174,6 +179,8 @@ def test_a_worker_holding_requests_without_progress_is_stuck() -> None:
     live.on_heartbeat("w", remaining=40, holds=True, now=1.0)
     live.on_heartbeat("w", remaining=40, holds=True, now=9.0)  # same work left: no progress
     assert live.stuck_for("w", holds=True, now=9.0) == pytest.approx(8.0)
+    assert "no progress" in live.why_expired("w", 9.0, window_s=3.0, holds=True, now=9.0)
+    assert "silent" in live.why_expired("w", 1.0, window_s=3.0, holds=True, now=9.0)
     live.on_heartbeat("w", remaining=39, holds=True, now=9.5)
     assert live.stuck_for("w", holds=True, now=10.0) == pytest.approx(0.5)
     live.on_disconnect(now=10.0)
@@ -301,3 +308,11 @@ def test_a_closed_connection_fails_open_requests_at_once(tmp_path: Path, use_asy
         with Client(address, timeout_s=20) as c, pytest.raises(RouterLost):
             c.generate(tokens=[1], max_tokens=4)
     t.join(5)
+
+
+def test_a_request_pinned_to_a_lost_worker_fails_worker_lost(h: Harness) -> None:
+    pinned_to_a(h)
+    h.workers["a"].send(p.Goodbye("a"))
+    h.pump()
+    err = h.recv(h.client)
+    assert isinstance(err, p.Error) and (err.code, err.request_id) == (p.WORKER_LOST, "r1")

@@ -237,7 +237,41 @@ def oversize() -> dict:
                     worker_expiries=cl.log("router").count(" removed: "))  # fmt: skip
 
 
-SCENARIOS = dict(kill9=kill9, restart=restart, flood=flood, stranger=stranger,
+def fuzz(n: int = 100_000) -> dict:
+    """Random bytes and random msgpack maps on both sockets; the router must stay up."""
+    import random
+
+    import msgpack
+
+    rnd = random.Random(11)
+    with Cluster(workers=[WorkerSpec("w", GPU)]) as cl:
+        pid = cl.procs["router"].pid
+        before = rss_mb(pid)
+        socks = [DealerSocket(cl.client_addr), DealerSocket(cl.worker_addr, identity=b"fz")]
+        for i in range(n):
+            if i % 2:
+                frame = rnd.randbytes(rnd.randrange(1, 200))
+            else:
+                body = {
+                    "v": 2,
+                    "type": rnd.choice(["submit", "ready", "heartbeat", "done"]),
+                    "request_id": str(i),
+                    "x": [rnd.random() for _ in range(rnd.randrange(9))],
+                }
+                frame = msgpack.packb(body)  # fmt: skip
+            socks[i % 2].sock.send(frame)
+            while socks[i % 2].poll(0):
+                socks[i % 2].sock.recv()
+        time.sleep(1.0)
+        with Client(cl.client_addr, timeout_s=30) as c:
+            ok = len(c.generate(tokens=prompt(1), max_tokens=4).token_ids) == 4
+        for s_ in socks:
+            s_.close()
+        return dict(frames=n, router_alive_and_serving=ok, router_rss_mb=[before, rss_mb(pid)],
+                    worker_expiries=cl.log("router").count(" removed: "))  # fmt: skip
+
+
+SCENARIOS = dict(fuzz=fuzz, kill9=kill9, restart=restart, flood=flood, stranger=stranger,
                  inject=inject, oversize=oversize)  # fmt: skip
 
 if __name__ == "__main__":
