@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Union
 
 import msgpack
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: Heartbeat.steps (the live step-time model)
 
 # Error codes carried by Error.code (documented in docs/PROTOCOL.md).
 BAD_FRAME = "bad_frame"  # not msgpack / not a map / unknown type
@@ -189,6 +189,9 @@ class Heartbeat(Message):
     ``active`` / ``queued``: one dict per request: ``id``, ``prompt``,
     ``cached``, ``prefill_remaining``, ``decode_remaining``.
     ``cache``: prefix-block changes, see common.blocks.CacheLog.
+    ``steps``: the worker's measured step costs (``common.steptime.StepModel``
+    wire form), only when they changed (at most every ``steps_every_s``) or on
+    a resync; None otherwise, and the router keeps the last one it got.
     """
 
     TYPE: ClassVar[str] = "heartbeat"
@@ -199,6 +202,7 @@ class Heartbeat(Message):
     kv_used_tokens: int
     kv_capacity_tokens: int
     cache: dict[str, Any]
+    steps: dict[str, Any] | None = None
 
 
 @dataclass

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tandem.common import protocol as p
+from tandem.common.steptime import StepStats
 from tandem.common.tokenizer import TokenizerSpec
 from tandem.workers.prefix_cache import Match, PrefixCache
 from tandem.workers.request import Request, Status
@@ -71,14 +72,15 @@ class EngineConfig:
     heartbeat_s: float = 0.5
     max_tokens_limit: int = 4096
     full_resync_s: float = 30.0  # a full block listing this often, whatever the deltas said
+    steps_every_s: float = 1.0  # the step-time model rides a heartbeat at most this often
 
     def __post_init__(self) -> None:
         if self.max_active < 1:
             raise ValueError("max_active must be >= 1")
         if self.step_tokens < self.max_active:
             raise ValueError("step_tokens must be >= max_active (one decode token each)")
-        if self.block_size < 1 or self.heartbeat_s <= 0:
-            raise ValueError("block_size must be >= 1 and heartbeat_s > 0")
+        if self.block_size < 1 or self.heartbeat_s <= 0 or self.steps_every_s <= 0:
+            raise ValueError("block_size must be >= 1, heartbeat_s and steps_every_s > 0")
         if self.cache_tokens < 0 or self.cache_entries < 0 or self.max_tokens_limit < 1:
             raise ValueError("cache_tokens, cache_entries >= 0 and max_tokens_limit >= 1")
 
@@ -104,12 +106,22 @@ class Engine:
         self._hb_seq = 0
         self._last_hb = 0.0
         self._last_full = time.monotonic()
+        # Step timing: every step's (decode rows, their context, prefill tokens) and
+        # seconds; a step's period runs to the next step's start while busy, so the
+        # host work between steps (emitting, heartbeats) is priced too.
+        self.steps = StepStats()
+        self.clock: Callable[[], float] = time.perf_counter  # a virtual clock may replace it
+        self._open_step: tuple[float, tuple[int, int, int]] | None = None
+        self._steps_sent: tuple[int, float] | None = None  # (stats version, monotonic time)
 
     # ------------------------------------------------------------ the loop
     def run(self, stop: threading.Event) -> None:
         """Drain the inbox (blocking only when idle), step, report; until ``stop``."""
         while not stop.is_set():
-            self.drain_inbox(block=not (self.queue or self.active))
+            idle = not (self.queue or self.active)
+            if idle:  # e.g. a cancel emptied it: the open step ends before the wait
+                self._close_step(self.clock())
+            self.drain_inbox(block=idle)
             if self.queue or self.active:
                 self.step()
             self.maybe_heartbeat()
@@ -136,9 +148,18 @@ class Engine:
                 budget -= n
         if not decode and not prefill:
             return
+        shape = (
+            len(decode),
+            sum(r.n_computed + r.n_fed for r in decode),  # KV the decode rows attend over
+            sum(n for _, n in prefill),
+        )
+        t0 = self.clock()
+        self._close_step(t0)
         sampled = self._run(decode, prefill)
         if sampled is None:
+            self._open_step = None  # a failed step measures nothing
             return
+        self._open_step = (t0, shape)
         for r in decode:
             r.n_fed += 1
         for r, n in prefill:
@@ -149,6 +170,14 @@ class Engine:
             token = sampled.get(r.id)
             if token is not None and r.status is Status.DECODE:
                 self._on_token(r, token)
+        if not (self.queue or self.active):  # idle next: the step ends here
+            self._close_step(self.clock())
+
+    def _close_step(self, t_end: float) -> None:
+        if self._open_step is not None:
+            t0, (batch, context, prefill) = self._open_step
+            self.steps.record(batch, context, prefill, t_end - t0)
+            self._open_step = None
 
     # ------------------------------------------------------------ messages
     def handle(self, msg: p.Message) -> None:
@@ -156,8 +185,9 @@ class Engine:
             self.submit(Request.from_assign(msg))
         elif isinstance(msg, p.Cancel):
             self.cancel(msg.request_id)
-        elif isinstance(msg, p.ResyncCache):
+        elif isinstance(msg, p.ResyncCache):  # also queued on every Welcome
             self.cache.log.request_full()
+            self._steps_sent = None  # a new router knows no step model yet
             self._changed = True
         else:
             log.warning("engine ignores %s", msg.TYPE)
@@ -326,4 +356,19 @@ class Engine:
             kv_used_tokens=sum(len(r.kv_tokens()) for r in self.active) + self.cache.tokens_held,
             kv_capacity_tokens=self.backend.n_ctx,
             cache=self.cache.log.report(),
+            steps=self._steps_report(),
         )
+
+    def _steps_report(self) -> dict[str, Any] | None:
+        """The step model when it changed (at most every ``steps_every_s``), after a
+        resync, and every ``full_resync_s`` anyway; None otherwise."""
+        now, version = time.monotonic(), self.steps.version
+        if version == 0:
+            return None
+        if self._steps_sent is not None:
+            sent_version, sent_at = self._steps_sent
+            changed = version != sent_version and now - sent_at >= self.cfg.steps_every_s
+            if not changed and now - sent_at < self.cfg.full_resync_s:
+                return None
+        self._steps_sent = (version, now)
+        return self.steps.model().to_wire()

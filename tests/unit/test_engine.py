@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tandem.common import protocol as p
+from tandem.common.steptime import StepModel
 from tandem.workers.engine import Engine, EngineConfig
 from tandem.workers.request import Request, Status
 from tests.helpers import EOS, FakeBackend
@@ -240,3 +241,46 @@ def test_a_worker_without_profile_or_rate_flags_says_its_rates_are_a_guess(
     with caplog.at_level("WARNING", logger="tandem.workers.main"):
         assert rates(flagged, FakeBackend()) == (900.0, [80.0] * 4)
     assert not caplog.text
+
+
+def test_step_times_reach_the_heartbeat_as_a_step_model():
+    e, b, _ = make(max_active=2, step_tokens=8)
+    now = [100.0]
+    e.clock = lambda: now[0]  # the device's time, advanced by the fake backend below
+    run = b.run
+
+    def timed(decode, prefill):
+        now[0] += 0.010 + 0.002 * len(decode) + 0.0005 * sum(n for _, n in prefill)
+        return run(decode, prefill)
+
+    b.run = timed
+    e.submit(req("a", n=6, max_tokens=20))
+    e.submit(req("b", n=6, max_tokens=20, start=50))
+    run_all(e)
+    # Steps: prefill 6+2 (a then decodes), a decodes + b prefills 4, then both decode.
+    m = StepModel.from_wire(e.heartbeat().steps)
+    assert m.decode_batch == (1, 2) and m.decode_samples[1] >= 17
+    assert m.decode_step_s == pytest.approx((0.012, 0.014))
+    assert m.prefill_chunk == (8,) and m.prefill_tok_s == pytest.approx((8 / 0.014,))
+    assert e.heartbeat().steps is None  # unchanged: not sent again
+    e.handle(p.ResyncCache())  # what a Welcome queues: a new router must learn it again
+    assert StepModel.from_wire(e.heartbeat().steps) == m
+
+
+def test_idle_time_between_requests_is_not_a_step():
+    e, b, _ = make(max_active=1)
+    now = [0.0]
+    e.clock = lambda: now[0]
+    run = b.run
+
+    def timed(decode, prefill):
+        now[0] += 0.01
+        return run(decode, prefill)
+
+    b.run = timed
+    e.submit(req("a", n=2, max_tokens=3))
+    run_all(e)
+    now[0] += 60.0  # the worker sat idle for a minute
+    e.submit(req("b", n=2, max_tokens=3))
+    run_all(e)
+    assert max(s for w in e.steps.decode.values() for s, _ in w.samples) == pytest.approx(0.01)

@@ -28,6 +28,7 @@ EXAMPLES = [
     p.Error(p.BAD_FRAME, "nope"),
     p.Ready("w", "llama.cpp", "cpu", "m.gguf", 4, 8192, 16, 200.0, [50.0, 80.0], 0.5, {"k": 1}),
     p.Heartbeat("w", 3, [{"id": "a", "prefill_remaining": 0}], [], 10, 100, {"full": True}),
+    p.Heartbeat("w", 4, [], [], 0, 100, {}, {"b": [1], "s": [0.01], "n": [3]}),
     p.Assign("a", [1, 2], 8, stop=["x"], cached_estimate=16),
     p.Reregister(),
     p.ResyncCache(),
@@ -45,9 +46,12 @@ def test_round_trip(msg):
 
 
 def test_integers_are_accepted_where_floats_are_expected():
-    frame = msgpack.packb({"v": 1, "type": "submit", "request_id": "r", "prompt": "x", "top_p": 1})
+    frame = _frame(type="submit", request_id="r", prompt="x", top_p=1)
     msg = p.decode(frame)
     assert isinstance(msg, p.Submit) and msg.top_p == 1.0 and isinstance(msg.top_p, float)
+
+
+OLD = p.PROTOCOL_VERSION - 1  # an older peer
 
 
 def _frame(**body):
@@ -60,7 +64,7 @@ def _frame(**body):
         (b"\xc1", p.BAD_FRAME, "msgpack"),
         (msgpack.packb("a string"), p.BAD_FRAME, "map"),
         (msgpack.packb({"type": "hello"}), p.VERSION_MISMATCH, "version"),
-        (msgpack.packb({"v": 2, "type": "hello"}), p.VERSION_MISMATCH, "version"),
+        (msgpack.packb({"v": OLD, "type": "hello"}), p.VERSION_MISMATCH, "version"),
         (_frame(type="warp"), p.BAD_FRAME, "unknown message type"),
         (_frame(type=7), p.BAD_FRAME, "unknown message type"),
         (_frame(type="cancel"), p.BAD_REQUEST, "missing field 'request_id'"),
@@ -82,7 +86,8 @@ def test_rejections_carry_a_code_and_a_clear_message(frame, code, needle):
 def test_non_string_keys_are_rejected():
     for key in (b"request_id", 1):
         with pytest.raises(p.ProtocolError) as info:
-            p.decode(msgpack.packb({"v": 1, "type": "cancel", key: "r"}, use_bin_type=True))
+            frame = {"v": p.PROTOCOL_VERSION, "type": "cancel", key: "r"}
+            p.decode(msgpack.packb(frame, use_bin_type=True))
         assert info.value.code == p.BAD_FRAME
 
 
