@@ -13,10 +13,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.broker.calibration import PROGRESS_EVERY, PROGRESS_FIRST
 from tandem.broker.policies import Load, WorkerView
+from tandem.broker.pricing import Rates, price
 from tandem.common import protocol as p
 from tandem.common.blocks import CacheView, block_hashes, matched_tokens
+from tandem.common.steptime import StepModel
 from tandem.common.tokenizer import TokenizerSpec
 
 
@@ -31,15 +32,6 @@ class Routed:
     cached_estimate: int
     prefill_only: bool
     tokens_seen: int = 0
-    next_sample: int = PROGRESS_FIRST  # relayed tokens at which calibration samples it next
-
-    def relayed(self, n_tokens: int) -> bool:
-        """Count ``n_tokens`` relayed; True when calibration should sample it now."""
-        self.tokens_seen += n_tokens
-        if self.tokens_seen < self.next_sample:
-            return False
-        self.next_sample = self.tokens_seen + PROGRESS_EVERY
-        return True
 
     def load(self, reported: dict[str, Any] | None, queued: bool = False) -> Load:
         """This request's remaining work: the heartbeat's numbers, or the ledger's.
@@ -66,6 +58,8 @@ class WorkerState:
     cache: CacheView = field(default_factory=CacheView)
     inflight: dict[str, Routed] = field(default_factory=dict)  # by worker-side id
     routed_total: int = 0
+    steps: StepModel | None = None  # the worker's live step-time model, last one received
+    _rates: dict[bool, Rates] = field(default_factory=dict)  # by "live": dropped on new steps
 
     @property
     def id(self) -> str:
@@ -80,8 +74,27 @@ class WorkerState:
         usable = (len(tokens) - 1) // bs * bs  # workers always leave >= 1 token to compute
         return matched_tokens(block_hashes(tokens[:usable], bs), self.cache.held, bs)
 
-    def view(self, tokens: list[int]) -> WorkerView:
-        """The policy's view of this worker for a prompt of ``tokens``."""
+    def update_steps(self, wire: dict[str, Any]) -> str | None:
+        """Take a heartbeat's step model; returns what is wrong with it, if anything
+        (then the last good model stays)."""
+        try:
+            self.steps = StepModel.from_wire(wire)
+        except ValueError as exc:
+            return str(exc)
+        self._rates.clear()
+        return None
+
+    def rates(self, live: bool = True) -> Rates:
+        """Prices: the profile repaired, with the live step model when ``live``."""
+        if live not in self._rates:
+            info = self.info
+            model = self.steps if live else None
+            self._rates[live] = price(info.prefill_tok_s, info.decode_tok_s, info.max_active, model)
+        return self._rates[live]
+
+    def view(self, tokens: list[int], live: bool = True) -> WorkerView:
+        """The policy's view of this worker for a prompt of ``tokens`` (``live``: priced
+        with its step-time model, else with its repaired profile alone)."""
         hb = self.heartbeat
         reported = {}
         listed_active: set[str] = set()
@@ -92,15 +105,19 @@ class WorkerState:
         for wid, routed in self.inflight.items():
             load = routed.load(reported.get(wid), queued=wid not in listed_active)
             (active if wid in listed_active else queued).append(load)
+        rates = self.rates(live)
         return WorkerView(
             id=self.id,
-            prefill_rate=self.info.prefill_tok_s,
-            decode_rates=tuple(self.info.decode_tok_s),
+            prefill_rate=rates.prefill_tok_s,
+            decode_rates=rates.decode_tok_s,
             max_active=self.info.max_active,
             device=self.info.device,
             cached_tokens=self.cached_for(tokens),
             active=tuple(active),
             queued=tuple(queued),
+            decode_context=rates.context,
+            decode_context_s=rates.context_s,
+            prefill_by_chunk=rates.prefill_by_chunk,
         )
 
     def fits(self, prompt_tokens: int, max_tokens: int) -> bool:
@@ -109,9 +126,10 @@ class WorkerState:
             and max_tokens <= self.info.max_tokens_limit
         )
 
-    def describe(self) -> dict[str, Any]:
-        """One row of `tandem status`."""
+    def describe(self, live: bool = True) -> dict[str, Any]:
+        """One row of `tandem status`: the profile, the live model, what routing prices."""
         hb = self.heartbeat
+        rates = self.rates(live)
         return {
             "id": self.id,
             "backend": self.info.backend,
@@ -128,9 +146,20 @@ class WorkerState:
             "block_size": self.info.block_size,
             "prefill_tok_s": self.info.prefill_tok_s,
             "decode_tok_s": list(self.info.decode_tok_s),
+            "live_prefill_tok_s": _rounded(rates.live_prefill_tok_s),
+            "live_decode_tok_s": [_rounded(x) for x in rates.live_decode_tok_s],
+            "live_decode_samples": list(rates.live_decode_samples),
+            "live_context_tokens": round(rates.context, 1),
+            "priced_prefill_tok_s": round(rates.prefill_tok_s, 2),
+            "priced_decode_tok_s": [round(x, 2) for x in rates.decode_tok_s],
+            "profile_repaired": list(rates.repaired),
             "last_seen_s": round(time.monotonic() - self.last_seen, 3),
             "requests": hb.active + hb.queued if hb else [],
         }
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
 
 
 def ready_problem(ready: p.Ready, model: str | None, have_tokenizer: bool) -> str | None:

@@ -36,7 +36,7 @@ class RouterConfig:
     liveness_s: float = 3.0  # floor of a worker's liveness window (else 6 heartbeats)
     no_worker_wait_s: float = 30.0  # how long a request waits for a first worker
     decision_log: str | None = None
-    calibrate: bool = True  # rates follow what requests take (broker/calibration.py)
+    calibrate: bool = True  # price with live step times (broker/pricing.py)
     decode_estimate: str = "budget"  # "budget" | "ratio"
 
     def __post_init__(self) -> None:
@@ -116,10 +116,8 @@ class Router:
         elif isinstance(msg, p.Cancel):
             self.cancel(identity, msg.request_id)
         elif isinstance(msg, p.StatusQuery):
-            rows = [
-                {**w.describe(), **self.calibration.describe(w.id)}
-                for w in sorted(self.workers.values(), key=lambda w: w.id)
-            ]
+            live = self.cfg.calibrate
+            rows = [w.describe(live) for w in sorted(self.workers.values(), key=lambda w: w.id)]
             reply(
                 identity,
                 p.StatusReply(self.policy.name, rows, len(self.requests), len(self.pending)),
@@ -193,7 +191,8 @@ class Router:
             )
             return
         rr = self.calibration.route_request(len(tokens), req.budget)
-        views = [self.calibration.adjust(w.view(tokens)) for w in candidates]
+        live = self.cfg.calibrate
+        views = [self.calibration.adjust(w.view(tokens, live)) for w in candidates]
         policy = parse_policy(f"forced:{sub.worker}") if sub.worker else self.policy
         try:
             decision = policy.choose(rr, views)
@@ -256,7 +255,9 @@ class Router:
         w.last_seen = time.monotonic()
         if isinstance(msg, p.Heartbeat):
             w.heartbeat = msg
-            self.calibration.on_heartbeat(w.id, len(msg.active))
+            problem = w.update_steps(msg.steps) if msg.steps is not None else None
+            if problem:  # keep routing on the last good model; the worker is not at fault enough
+                log.warning("worker %s sent an unusable step model: %s", w.id, problem)
             if not w.cache.apply(msg.cache):
                 self.worker_sock.send(identity, p.ResyncCache())
         elif isinstance(msg, p.TokenDelta | p.Done | p.Error):
@@ -283,7 +284,6 @@ class Router:
             self.model = ready.model
         self.workers[ready.worker_id] = WorkerState(identity, ready)
         self._by_identity[identity] = ready.worker_id
-        self.calibration.register(ready.worker_id, ready.prefill_tok_s, ready.decode_tok_s)
         log.info(
             "worker %s joined: %s on %s, max_active %d",
             ready.worker_id,
@@ -305,8 +305,8 @@ class Router:
         if isinstance(msg, p.TokenDelta):
             req.on_tokens(msg, time.monotonic())
             routed = w.inflight.get(wid)
-            if routed is not None and routed.relayed(len(msg.token_ids)):
-                self.calibration.on_progress(w.id, routed.tokens_seen, req.t_first)
+            if routed is not None:
+                routed.tokens_seen += len(msg.token_ids)
             if sub.stream and not self.client_sock.send(
                 req.client, p.TokenDelta(sub.request_id, msg.token_ids, msg.text)
             ):
@@ -316,7 +316,7 @@ class Router:
             return
         self._forget(w, req)
         if isinstance(msg, p.Done):
-            self.calibration.on_done(w.id, msg.stats, msg.finish_reason, req.budget, req.t_first)
+            self.calibration.on_done(msg.stats, msg.finish_reason, req.budget)
             if not sub.stream and req.buffer_ids:
                 self.client_sock.send(
                     req.client,
@@ -338,7 +338,6 @@ class Router:
         self.workers.pop(w.id, None)
         if self._by_identity.get(w.identity) == w.id:
             del self._by_identity[w.identity]
-        self.calibration.forget(w.id)
         now, again = time.monotonic(), []
         for wid in list(w.inflight):
             req = self.requests.get(wid)

@@ -48,7 +48,7 @@ def fit_decode_rates(rates: Sequence[float], weights: Sequence[float] | None = N
         raise ValueError("weights must match rates")
     dropped = suspicious_points(values)
     keep = [i for i in range(len(values)) if i + 1 not in dropped]
-    fitted_kept = _pav([values[i] for i in keep], [w[i] for i in keep])
+    fitted_kept = pav([values[i] for i in keep], [w[i] for i in keep])
     fitted = _fill(len(values), keep, fitted_kept)
     pooled = tuple(
         i + 1
@@ -91,8 +91,8 @@ def _off_by(rates: Sequence[float], i: int, j: int) -> float:
     return max(1.0, lo / rates[i], rates[i] / hi)
 
 
-def _pav(values: list[float], weights: list[float]) -> list[float]:
-    """Weighted least-squares non-decreasing fit (pool adjacent violators)."""
+def pav(values: Sequence[float], weights: Sequence[float]) -> list[float]:
+    """Weighted least-squares non-decreasing fit of ``values`` (pool adjacent violators)."""
     blocks: list[list[float]] = []  # [mean, weight, count]
     for v, w in zip(values, weights, strict=True):
         blocks.append([v, w, 1])
