@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 OUTLIER_FACTOR = 3.0  # "far off": more than 3x outside what the neighbours allow
@@ -120,3 +120,40 @@ def _fill(n: int, keep: list[int], fitted: list[float]) -> list[float]:
             t = (i - left) / (right - left)
             out[i] = out[left] + t * (out[right] - out[left])
     return out
+
+
+def explain(rates: Sequence[float], fit: Fit, min_change: float = 0.10) -> list[str]:
+    """One line per repair ``fit`` made to ``rates`` that a person should know about:
+    every dropped point, and every run of batch sizes the monotone fit moved by more
+    than ``min_change`` (smaller moves are measurement noise)."""
+    lines = [
+        f"batch {b}: {rates[b - 1]:.0f} tok/s is more than {OUTLIER_FACTOR:g}x off what its "
+        f"neighbours allow (a stall or a JIT step?); replaced by {fit.rates[b - 1]:.0f}"
+        for b in fit.dropped
+    ]
+    moved = [
+        b for b in fit.pooled if abs(fit.rates[b - 1] - rates[b - 1]) > min_change * rates[b - 1]
+    ]
+    for run in _runs(moved):
+        was = _span(rates[b - 1] for b in run)
+        now = _span(fit.rates[b - 1] for b in run)
+        where = f"batch {run[0]}" if len(run) == 1 else f"batches {run[0]}-{run[-1]}"
+        lines.append(f"{where}: {was} tok/s breaks the rise with batch size; fitted to {now}")
+    return lines
+
+
+def _runs(batches: list[int]) -> list[list[int]]:
+    """Consecutive runs: [2, 3, 5] -> [[2, 3], [5]]."""
+    runs: list[list[int]] = []
+    for b in batches:
+        if runs and runs[-1][-1] == b - 1:
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    return runs
+
+
+def _span(values: Iterable[float]) -> str:
+    seen = list(values)
+    lo, hi = min(seen), max(seen)
+    return f"{lo:.0f}" if round(lo) == round(hi) else f"{lo:.0f}-{hi:.0f}"

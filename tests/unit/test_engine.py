@@ -243,6 +243,32 @@ def test_a_worker_without_profile_or_rate_flags_says_its_rates_are_a_guess(
     assert not caplog.text
 
 
+def test_a_worker_whose_stored_profile_has_a_stall_in_it_says_so(
+    tmp_path, monkeypatch, caplog
+) -> None:
+    from tandem.workers.config import WorkerConfig
+    from tandem.workers.main import rates
+    from tandem.workers.profiles import save_profile
+
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
+    be = FakeBackend()
+
+    def store(decode: list[float]) -> None:
+        save_profile(
+            be.name, be.device, be.model_name, {"prefill_tok_s": 1.0, "decode_tok_s": decode}
+        )
+
+    store([180.0, 11.0, 332.0, 560.0])
+    with caplog.at_level("WARNING", logger="tandem.workers.main"):
+        assert rates(WorkerConfig("tcp://127.0.0.1:1"), be)[1] == [180.0, 11.0, 332.0, 560.0]
+    assert "stored profile's decode rates look wrong: batch 2: 11 tok/s" in caplog.text
+    caplog.clear()
+    store([180.0, 259.0, 332.0, 560.0])
+    with caplog.at_level("WARNING", logger="tandem.workers.main"):
+        rates(WorkerConfig("tcp://127.0.0.1:1"), be)
+    assert not caplog.text
+
+
 def test_step_times_reach_the_heartbeat_as_a_step_model():
     e, b, _ = make(max_active=2, step_tokens=8)
     now = [100.0]
