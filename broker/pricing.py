@@ -24,11 +24,12 @@ say little about a cold prompt's rate).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tandem.common.ratefit import fit_decode_rates, pav
+from tandem.common.ratefit import Fit, fit_decode_rates, pav
 from tandem.common.steptime import StepModel
 
 PRIOR_SAMPLES = 8.0  # the profile weighs as much as this many measured steps
@@ -57,7 +58,7 @@ def price(
     model: StepModel | None = None,
 ) -> Rates:
     """A worker's rates from its profile and (when given) its live step model."""
-    repaired = fit_decode_rates(_padded(decode_prior, max_active))
+    repaired = _repaired(tuple(decode_prior), max_active)
     batches = range(1, max_active + 1)
     live = model.decode_tok_s() if model is not None else {}
     live = {b: x for b, x in live.items() if b <= max_active}
@@ -95,6 +96,12 @@ def _blend_decode(prior: list[float], live: dict[int, tuple[float, int]]) -> tup
         blended.append(prior[b - 1] * math.exp(f))
         weights.append(PRIOR_SAMPLES + (live[b][1] if b in live else 0))
     return tuple(pav(blended, weights))
+
+
+@functools.lru_cache(maxsize=1024)
+def _repaired(prior: tuple[float, ...], max_active: int) -> Fit:
+    """The profile's repair: fixed per worker, so computed once, not per heartbeat."""
+    return fit_decode_rates(_padded(prior, max_active))
 
 
 def _padded(rates: Sequence[float], n: int) -> list[float]:

@@ -256,7 +256,7 @@ class Router:
         if isinstance(msg, p.Heartbeat):
             w.heartbeat = msg
             problem = w.update_steps(msg.steps) if msg.steps is not None else None
-            if problem:  # keep routing on the last good model; the worker is not at fault enough
+            if problem:  # routing goes on with the last good model
                 log.warning("worker %s sent an unusable step model: %s", w.id, problem)
             if not w.cache.apply(msg.cache):
                 self.worker_sock.send(identity, p.ResyncCache())

@@ -72,8 +72,9 @@ def suspicious_points(rates: Sequence[float]) -> tuple[int, ...]:
     budget = max(1, int(MAX_DROPPED_SHARE * len(rates)))  # 3 points can still name one
     while len(dropped) < budget and len(alive) >= 3:
         worst, worst_score = -1, OUTLIER_FACTOR
-        for i in alive:
-            near = sorted((j for j in alive if j != i), key=lambda j: (abs(j - i), j))[:4]
+        for pos, i in enumerate(alive):
+            around = alive[max(0, pos - 4) : pos] + alive[pos + 1 : pos + 5]
+            near = sorted(around, key=lambda j: (abs(j - i), j))[:4]
             score = statistics.median(_off_by(rates, i, j) for j in near)
             if score > worst_score:
                 worst, worst_score = i, score
