@@ -11,9 +11,15 @@ isolation, at one context); its heartbeats carry the live step-time model
    (a few hundred steps later the profile no longer matters there).
 3. Batch sizes without samples keep the profile's shape at the level live samples
    show: they are scaled by the live/profile factor of the sampled batch sizes
-   around them (interpolated in log space; past the ends, the nearest one),
-   each factor shrunk toward 1 by its evidence. A profile 2x too high everywhere is
-   therefore corrected everywhere by the first batch size that runs.
+   around them (interpolated in log space), each factor shrunk toward 1 by its
+   evidence. Past the sampled range the nearest factor is borrowed with its log
+   divided by 1 + the doublings to it: a profile's shape can be wrong (the H200's
+   GPU profile flattened from batch 8 while serving kept rising), and a worker
+   priced too slow at sizes it has not run is never given the work that would
+   show otherwise, while one priced too fast gets it and is measured. Nor may a
+   guess beat physics: past the largest sampled size b1 with rate r1, at most
+   r1 * b / b1 (a step never gets shorter with more rows); below the smallest,
+   between r0 * b / b0 and r0.
 4. A weighted monotone fit over the result (weights: PRIOR_SAMPLES + samples), so
    well-measured points decide where they disagree with guesses.
 
@@ -89,12 +95,22 @@ def _blend_decode(prior: list[float], live: dict[int, tuple[float, int]]) -> tup
     for b in range(1, len(prior) + 1):
         lo = max((s for s in logf if s <= b), default=None)
         hi = min((s for s in logf if s >= b), default=None)
-        if lo is None or hi is None or lo == hi:  # at or past a sampled end: its factor
-            f = logf[hi if lo is None else lo]
+        if lo is None or hi is None:  # past the sampled range: borrow, less the further
+            near = hi if lo is None else lo
+            f = logf[near] / (1 + abs(math.log2(b / near)))
+        elif lo == hi:
+            f = logf[lo]
         else:  # between two sampled sizes: interpolate (in log space)
             f = logf[lo] + (logf[hi] - logf[lo]) * (b - lo) / (hi - lo)
         blended.append(prior[b - 1] * math.exp(f))
         weights.append(PRIOR_SAMPLES + (live[b][1] if b in live else 0))
+    b0, b1 = min(live), max(live)
+    r0, r1 = blended[b0 - 1], blended[b1 - 1]
+    for b in range(1, len(prior) + 1):
+        if b > b1:
+            blended[b - 1] = min(blended[b - 1], r1 * b / b1)
+        elif b < b0:
+            blended[b - 1] = min(r0, max(blended[b - 1], r0 * b / b0))
     return tuple(pav(blended, weights))
 
 

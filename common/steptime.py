@@ -177,13 +177,16 @@ class StepStats:
 
     ``record`` takes every step the engine ran: how many rows decoded, their total
     context (KV tokens before the step), prompt tokens computed, and seconds.
-    ``version`` counts recorded samples, so callers can tell when to re-send.
+    ``version`` counts recorded samples, so callers can tell when to re-send;
+    ``sizes`` counts batch sizes and chunk buckets opened (the first sample at a
+    new batch size is worth sending at once: the router has nothing there).
     """
 
     def __init__(self) -> None:
         self.decode: dict[int, _Window] = {}  # batch size -> (step seconds, context per row)
         self.prefill: dict[int, _Window] = {}  # chunk bucket -> (tok/s, 0)
         self.version = 0
+        self.sizes = 0  # batch sizes and chunk buckets ever opened: new ones are news
 
     def record(self, batch: int, context_tokens: int, prefill_tokens: int, seconds: float) -> None:
         if not (math.isfinite(seconds) and 0 < seconds <= MAX_STEP_S) or batch < 0:
@@ -206,8 +209,10 @@ class StepStats:
         self.version += 1
 
     def _window(self, table: dict[int, _Window], key: int) -> _Window:
-        if key not in table and len(table) >= MAX_POINTS:  # bounded: forget the rarest
-            del table[min(table, key=lambda k: table[k].seen)]
+        if key not in table:
+            self.sizes += 1
+            if len(table) >= MAX_POINTS:  # bounded: forget the rarest
+                del table[min(table, key=lambda k: table[k].seen)]
         return table.setdefault(key, _Window())
 
     def _decode_estimate(self, batch: int) -> float | None:

@@ -112,7 +112,7 @@ class Engine:
         self.steps = StepStats()
         self.clock: Callable[[], float] = time.perf_counter  # a virtual clock may replace it
         self._open_step: tuple[float, tuple[int, int, int]] | None = None
-        self._steps_sent: tuple[int, float] | None = None  # (stats version, monotonic time)
+        self._steps_sent: tuple[int, int, float] | None = None  # (version, sizes, monotonic time)
 
     # ------------------------------------------------------------ the loop
     def run(self, stop: threading.Event) -> None:
@@ -341,7 +341,7 @@ class Engine:
         if now - self._last_full >= self.cfg.full_resync_s:
             self.cache.log.request_full()  # heals any delta the router silently lost
             self._last_full = now
-        if self._changed or now - self._last_hb >= self.cfg.heartbeat_s:
+        if self._changed or now - self._last_hb >= self.cfg.heartbeat_s or self._new_sizes():
             self.emit(self.heartbeat())
             self._last_hb = now
             self._changed = False
@@ -359,16 +359,22 @@ class Engine:
             steps=self._steps_report(),
         )
 
+    def _new_sizes(self) -> bool:
+        """The step model has a batch size (or chunk bucket) the router has not seen."""
+        sent = self._steps_sent[1] if self._steps_sent is not None else 0
+        return self.steps.sizes != sent
+
     def _steps_report(self) -> dict[str, Any] | None:
-        """The step model when it changed (at most every ``steps_every_s``), after a
-        resync, and every ``full_resync_s`` anyway; None otherwise."""
+        """The step model at once when it has a new batch size, else when it changed
+        (at most every ``steps_every_s``), after a resync, and every ``full_resync_s``
+        anyway; None otherwise."""
         now, version = time.monotonic(), self.steps.version
         if version == 0:
             return None
-        if self._steps_sent is not None:
-            sent_version, sent_at = self._steps_sent
+        if self._steps_sent is not None and not self._new_sizes():
+            sent_version, _, sent_at = self._steps_sent
             changed = version != sent_version and now - sent_at >= self.cfg.steps_every_s
             if not changed and now - sent_at < self.cfg.full_resync_s:
                 return None
-        self._steps_sent = (version, now)
+        self._steps_sent = (version, self.steps.sizes, now)
         return self.steps.model().to_wire()

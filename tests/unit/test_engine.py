@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tandem.common import protocol as p
@@ -310,3 +312,23 @@ def test_idle_time_between_requests_is_not_a_step():
     e.submit(req("b", n=2, max_tokens=3))
     run_all(e)
     assert max(s for w in e.steps.decode.values() for s, _ in w.samples) == pytest.approx(0.01)
+
+
+def test_a_new_batch_size_is_reported_at_once_repeats_wait():
+    e, b, out = make(max_active=2, step_tokens=8)
+    e.clock = lambda: 0.0 if not b.steps else len(b.steps) * 0.01  # 10 ms a step
+    e.submit(req("a", n=2, max_tokens=6))
+    run_all(e)
+    first = StepModel.from_wire(e.heartbeat().steps)
+    assert first.decode_batch == (1,)
+    e.submit(req("b", n=2, max_tokens=6))
+    run_all(e)
+    assert e.heartbeat().steps is None  # more of the same within steps_every_s: wait
+    e.submit(req("c", n=2, max_tokens=6))
+    e.submit(req("d", n=2, max_tokens=6, start=50))
+    run_all(e)
+    out.clear()
+    e._changed, e._last_hb = False, time.monotonic()  # nothing else to report
+    e.maybe_heartbeat()  # the new size alone triggers it
+    (hb,) = [m for m in out if isinstance(m, p.Heartbeat)]
+    assert StepModel.from_wire(hb.steps).decode_batch == (1, 2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -27,8 +29,20 @@ def test_evidence_moves_a_batch_size_from_the_profile_to_the_measurement() -> No
 def test_unsampled_batch_sizes_keep_the_profile_shape_at_the_live_level() -> None:
     model = StepModel((1, 4), (0.02, 0.04), (100_000, 100_000))  # 50 and 100 tok/s
     r = price(500.0, [100.0, 150.0, 180.0, 200.0, 210.0], 5, model)
-    # Factors 0.5 at 1 and 4: 2 and 3 in between scale alike; 5 borrows 4's factor.
-    assert r.decode_tok_s == pytest.approx((50.0, 75.0, 90.0, 100.0, 105.0), rel=1e-3)
+    # Factors 0.5 at 1 and 4: 2 and 3 in between scale alike; 5 borrows 4's factor,
+    # less for the distance (log 0.5 / (1 + log2(5/4))), within 100 * 5/4.
+    assert r.decode_tok_s[:4] == pytest.approx((50.0, 75.0, 90.0, 100.0), rel=1e-3)
+    borrowed = 210 * 0.5 ** (1 / (1 + math.log2(5 / 4)))
+    assert r.decode_tok_s[4] == pytest.approx(min(borrowed, 125.0), rel=1e-3)
+
+
+def test_sizes_never_run_are_not_priced_beyond_what_physics_allows() -> None:
+    model = StepModel((2,), (0.02,), (100_000,))  # 100 tok/s at batch 2
+    r = price(500.0, [1e4] * 8, 8, model)  # a profile 100x too fast
+    at2 = r.decode_tok_s[1]
+    assert at2 == pytest.approx(100.0, rel=1e-3)
+    assert at2 / 2 <= r.decode_tok_s[0] <= at2
+    assert all(x <= at2 * b / 2 * (1 + 1e-9) for b, x in enumerate(r.decode_tok_s[1:], 2))
 
 
 def test_prefill_uses_the_largest_chunk_that_says_something() -> None:
