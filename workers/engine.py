@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tandem.common import protocol as p
-from tandem.common.steptime import StepStats
 from tandem.common.tokenizer import TokenizerSpec
 from tandem.workers.prefix_cache import Match, PrefixCache
 from tandem.workers.request import Request, Status
+from tandem.workers.steptimer import StepTimer
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +106,7 @@ class Engine:
         self._hb_seq = 0
         self._last_hb = 0.0
         self._last_full = time.monotonic()
-        # Step timing: every step's (decode rows, their context, prefill tokens) and
-        # seconds; a step's period runs to the next step's start while busy, so the
-        # host work between steps (emitting, heartbeats) is priced too.
-        self.steps = StepStats()
-        self.clock: Callable[[], float] = time.perf_counter  # a virtual clock may replace it
-        self._open_step: tuple[float, tuple[int, int, int]] | None = None
-        self._steps_sent: tuple[int, int, float] | None = None  # (version, sizes, monotonic time)
+        self.timer = StepTimer(config.steps_every_s, config.full_resync_s)
 
     # ------------------------------------------------------------ the loop
     def run(self, stop: threading.Event) -> None:
@@ -120,7 +114,7 @@ class Engine:
         while not stop.is_set():
             idle = not (self.queue or self.active)
             if idle:  # e.g. a cancel emptied it: the open step ends before the wait
-                self._close_step(self.clock())
+                self.timer.stop()
             self.drain_inbox(block=idle)
             if self.queue or self.active:
                 self.step()
@@ -148,18 +142,12 @@ class Engine:
                 budget -= n
         if not decode and not prefill:
             return
-        shape = (
-            len(decode),
-            sum(r.n_computed + r.n_fed for r in decode),  # KV the decode rows attend over
-            sum(n for _, n in prefill),
-        )
-        t0 = self.clock()
-        self._close_step(t0)
+        context = sum(r.n_computed + r.n_fed for r in decode)  # KV the decode rows attend over
+        self.timer.start(len(decode), context, sum(n for _, n in prefill))
         sampled = self._run(decode, prefill)
         if sampled is None:
-            self._open_step = None  # a failed step measures nothing
+            self.timer.discard()
             return
-        self._open_step = (t0, shape)
         for r in decode:
             r.n_fed += 1
         for r, n in prefill:
@@ -171,13 +159,7 @@ class Engine:
             if token is not None and r.status is Status.DECODE:
                 self._on_token(r, token)
         if not (self.queue or self.active):  # idle next: the step ends here
-            self._close_step(self.clock())
-
-    def _close_step(self, t_end: float) -> None:
-        if self._open_step is not None:
-            t0, (batch, context, prefill) = self._open_step
-            self.steps.record(batch, context, prefill, t_end - t0)
-            self._open_step = None
+            self.timer.stop()
 
     # ------------------------------------------------------------ messages
     def handle(self, msg: p.Message) -> None:
@@ -187,7 +169,7 @@ class Engine:
             self.cancel(msg.request_id)
         elif isinstance(msg, p.ResyncCache):  # also queued on every Welcome
             self.cache.log.request_full()
-            self._steps_sent = None  # a new router knows no step model yet
+            self.timer.forget_sent()  # a new router knows no step model yet
             self._changed = True
         else:
             log.warning("engine ignores %s", msg.TYPE)
@@ -341,7 +323,8 @@ class Engine:
         if now - self._last_full >= self.cfg.full_resync_s:
             self.cache.log.request_full()  # heals any delta the router silently lost
             self._last_full = now
-        if self._changed or now - self._last_hb >= self.cfg.heartbeat_s or self._new_sizes():
+        due = now - self._last_hb >= self.cfg.heartbeat_s
+        if self._changed or due or self.timer.has_news():
             self.emit(self.heartbeat())
             self._last_hb = now
             self._changed = False
@@ -356,25 +339,5 @@ class Engine:
             kv_used_tokens=sum(len(r.kv_tokens()) for r in self.active) + self.cache.tokens_held,
             kv_capacity_tokens=self.backend.n_ctx,
             cache=self.cache.log.report(),
-            steps=self._steps_report(),
+            steps=self.timer.report(),
         )
-
-    def _new_sizes(self) -> bool:
-        """The step model has a batch size (or chunk bucket) the router has not seen."""
-        sent = self._steps_sent[1] if self._steps_sent is not None else 0
-        return self.steps.sizes != sent
-
-    def _steps_report(self) -> dict[str, Any] | None:
-        """The step model at once when it has a new batch size, else when it changed
-        (at most every ``steps_every_s``), after a resync, and every ``full_resync_s``
-        anyway; None otherwise."""
-        now, version = time.monotonic(), self.steps.version
-        if version == 0:
-            return None
-        if self._steps_sent is not None and not self._new_sizes():
-            sent_version, _, sent_at = self._steps_sent
-            changed = version != sent_version and now - sent_at >= self.cfg.steps_every_s
-            if not changed and now - sent_at < self.cfg.full_resync_s:
-                return None
-        self._steps_sent = (version, self.steps.sizes, now)
-        return self.steps.model().to_wire()

@@ -274,7 +274,7 @@ def test_a_worker_whose_stored_profile_has_a_stall_in_it_says_so(
 def test_step_times_reach_the_heartbeat_as_a_step_model():
     e, b, _ = make(max_active=2, step_tokens=8)
     now = [100.0]
-    e.clock = lambda: now[0]  # the device's time, advanced by the fake backend below
+    e.timer.clock = lambda: now[0]  # the device's time, advanced by the fake backend below
     run = b.run
 
     def timed(decode, prefill):
@@ -298,7 +298,7 @@ def test_step_times_reach_the_heartbeat_as_a_step_model():
 def test_idle_time_between_requests_is_not_a_step():
     e, b, _ = make(max_active=1)
     now = [0.0]
-    e.clock = lambda: now[0]
+    e.timer.clock = lambda: now[0]
     run = b.run
 
     def timed(decode, prefill):
@@ -311,12 +311,13 @@ def test_idle_time_between_requests_is_not_a_step():
     now[0] += 60.0  # the worker sat idle for a minute
     e.submit(req("b", n=2, max_tokens=3))
     run_all(e)
-    assert max(s for w in e.steps.decode.values() for s, _ in w.samples) == pytest.approx(0.01)
+    steps = [s for w in e.timer.stats.decode.values() for s, _ in w.samples]
+    assert max(steps) == pytest.approx(0.01)
 
 
 def test_a_new_batch_size_is_reported_at_once_repeats_wait():
     e, b, out = make(max_active=2, step_tokens=8)
-    e.clock = lambda: 0.0 if not b.steps else len(b.steps) * 0.01  # 10 ms a step
+    e.timer.clock = lambda: 0.0 if not b.steps else len(b.steps) * 0.01  # 10 ms a step
     e.submit(req("a", n=2, max_tokens=6))
     run_all(e)
     first = StepModel.from_wire(e.heartbeat().steps)
