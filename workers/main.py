@@ -36,7 +36,7 @@ def rates(cfg: WorkerConfig, backend: Backend) -> tuple[float, list[float]]:
     while len(decode) < cfg.engine.max_active:
         decode.append(decode[-1])  # no data beyond this batch size: assume a plateau
     decode = decode[: cfg.engine.max_active]
-    _warn_if_suspicious(decode, "--decode-tok-s" if cfg.decode_tok_s else "stored profile")
+    _warn_if_suspicious(decode, "--decode-tok-s" if cfg.decode_tok_s else "the stored profile")
     return prefill, decode
 
 
@@ -48,7 +48,7 @@ def _warn_if_suspicious(decode: list[float], source: str) -> None:
     problems = explain(decode, fit_decode_rates(decode))
     if problems:
         log.warning(
-            "the %s's decode rates look wrong: %s. The router repairs them and prices from "
+            "decode rates from %s look wrong: %s. The router repairs them and prices from "
             "live step times once requests run; re-run `tandem profile` on an idle machine.",
             source,
             "; ".join(problems),

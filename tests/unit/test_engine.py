@@ -263,7 +263,7 @@ def test_a_worker_whose_stored_profile_has_a_stall_in_it_says_so(
     store([180.0, 11.0, 332.0, 560.0])
     with caplog.at_level("WARNING", logger="tandem.workers.main"):
         assert rates(WorkerConfig("tcp://127.0.0.1:1"), be)[1] == [180.0, 11.0, 332.0, 560.0]
-    assert "stored profile's decode rates look wrong: batch 2: 11 tok/s" in caplog.text
+    assert "decode rates from the stored profile look wrong: batch 2: 11 tok/s" in caplog.text
     caplog.clear()
     store([180.0, 259.0, 332.0, 560.0])
     with caplog.at_level("WARNING", logger="tandem.workers.main"):
