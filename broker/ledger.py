@@ -69,7 +69,7 @@ class ViewCache:
         cal = self.calibration.version
         if entry is not None and entry[0] is w and entry[1] == w.version and entry[2] == cal:
             return entry[3]
-        raw = w.base_view()
+        raw = w.base_view(live=self.calibration.calibrate)
         view = self.calibration.adjust(raw)
         if view is not raw and view.active is raw.active and view.queued is raw.queued:
             view.__dict__["backlog"] = raw.backlog  # same loads: keep the running totals

@@ -14,11 +14,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.broker.calibration import PROGRESS_EVERY, PROGRESS_FIRST
 from tandem.broker.loads import Loads
 from tandem.broker.policies import Load, WorkerView
+from tandem.broker.pricing import Rates, price
 from tandem.common import protocol as p
 from tandem.common.blocks import CacheView, block_hashes, matched_tokens
+from tandem.common.steptime import StepModel
 from tandem.common.tokenizer import TokenizerSpec
 
 
@@ -33,15 +34,6 @@ class Routed:
     cached_estimate: int
     prefill_only: bool
     tokens_seen: int = 0
-    next_sample: int = PROGRESS_FIRST  # relayed tokens at which calibration samples it next
-
-    def relayed(self, n_tokens: int) -> bool:
-        """Count ``n_tokens`` relayed; True when calibration should sample it now."""
-        self.tokens_seen += n_tokens
-        if self.tokens_seen < self.next_sample:
-            return False
-        self.next_sample = self.tokens_seen + PROGRESS_EVERY
-        return True
 
     def load(self, reported: p.RequestRow | None, queued: bool = False) -> Load:
         """This request's remaining work: the heartbeat's numbers, or the ledger's.
@@ -69,9 +61,12 @@ class WorkerState:
     inflight: dict[str, Routed] = field(default_factory=dict)  # by worker-side id
     routed_total: int = 0
     # Bumped by the router whenever anything base_view() reads changes (an assign,
-    # relayed tokens, a heartbeat, a finish): broker/ledger.py caches views by it.
+    # relayed tokens, a heartbeat, a finish, a new step model): broker/ledger.py
+    # caches views by it.
     version: int = 0
     loads: Loads = field(default_factory=Loads)  # the ledger as Loads, kept by the router
+    steps: StepModel | None = None  # the worker's live step-time model, last one received
+    _rates: dict[bool, Rates] = field(default_factory=dict)  # by "live": dropped on new steps
 
     @property
     def id(self) -> str:
@@ -105,9 +100,29 @@ class WorkerState:
         usable = (len(tokens) - 1) // bs * bs  # workers always leave >= 1 token to compute
         return matched_tokens(block_hashes(tokens[:usable], bs), self.cache.held, bs)
 
-    def view(self, tokens: list[int]) -> WorkerView:
+    def update_steps(self, wire: dict[str, Any]) -> str | None:
+        """Take a heartbeat's step model; returns what is wrong with it, if anything
+        (then the last good model stays)."""
+        try:
+            self.steps = StepModel.from_wire(wire)
+        except ValueError as exc:
+            return str(exc)
+        self._rates.clear()
+        self.version += 1
+        return None
+
+    def rates(self, live: bool = True) -> Rates:
+        """Prices: the profile repaired, with the live step model when ``live``."""
+        if live not in self._rates:
+            info = self.info
+            model = self.steps if live else None
+            self._rates[live] = price(info.prefill_tok_s, info.decode_tok_s, info.max_active, model)
+        return self._rates[live]
+
+    def view(self, tokens: list[int], live: bool = True) -> WorkerView:
         """The policy's view of this worker for a prompt of ``tokens``, built from
-        scratch: a walk of the whole ledger (the router uses ``base_view``)."""
+        scratch: a walk of the whole ledger (the router uses ``base_view``). ``live``:
+        priced with its step-time model, else with its repaired profile alone."""
         hb = self.heartbeat
         reported = {}
         listed_active: set[str] = set()
@@ -118,25 +133,32 @@ class WorkerState:
         for wid, routed in self.inflight.items():
             load = routed.load(reported.get(wid), queued=wid not in listed_active)
             (active if wid in listed_active else queued).append(load)
-        return self._view(tuple(active), tuple(queued), self.cached_for(tokens))
+        return self._view(tuple(active), tuple(queued), self.cached_for(tokens), live)
 
-    def base_view(self) -> WorkerView:
+    def base_view(self, live: bool = True) -> WorkerView:
         """This worker's view before any prompt (``cached_tokens`` 0), from ``loads``:
         no walk of the ledger, totals included."""
-        view = self._view(tuple(self.loads.active.values()), tuple(self.loads.queued.values()), 0)
-        view.__dict__["backlog"] = (self.loads.prefill_total, self.loads.decode_total)
+        loads = self.loads
+        view = self._view(tuple(loads.active.values()), tuple(loads.queued.values()), 0, live)
+        view.__dict__["backlog"] = (loads.prefill_total, loads.decode_total)
         return view
 
-    def _view(self, active: tuple[Load, ...], queued: tuple[Load, ...], cached: int) -> WorkerView:
+    def _view(
+        self, active: tuple[Load, ...], queued: tuple[Load, ...], cached: int, live: bool
+    ) -> WorkerView:
+        rates = self.rates(live)
         return WorkerView(
             id=self.id,
-            prefill_rate=self.info.prefill_tok_s,
-            decode_rates=tuple(self.info.decode_tok_s),
+            prefill_rate=rates.prefill_tok_s,
+            decode_rates=rates.decode_tok_s,
             max_active=self.info.max_active,
             device=self.info.device,
             cached_tokens=cached,
             active=active,
             queued=queued,
+            decode_context=rates.context,
+            decode_context_s=rates.context_s,
+            prefill_by_chunk=rates.prefill_by_chunk,
         )
 
     def fits(self, prompt_tokens: int, max_tokens: int) -> bool:
@@ -145,9 +167,10 @@ class WorkerState:
             and max_tokens <= self.info.max_tokens_limit
         )
 
-    def describe(self) -> dict[str, Any]:
-        """One row of `tandem status`."""
+    def describe(self, live: bool = True) -> dict[str, Any]:
+        """One row of `tandem status`: the profile, the live model, what routing prices."""
         hb = self.heartbeat
+        rates = self.rates(live)
         return {
             "id": self.id,
             "backend": self.info.backend,
@@ -164,9 +187,20 @@ class WorkerState:
             "block_size": self.info.block_size,
             "prefill_tok_s": self.info.prefill_tok_s,
             "decode_tok_s": list(self.info.decode_tok_s),
+            "live_prefill_tok_s": _rounded(rates.live_prefill_tok_s),
+            "live_decode_tok_s": [_rounded(x) for x in rates.live_decode_tok_s],
+            "live_decode_samples": list(rates.live_decode_samples),
+            "live_context_tokens": round(rates.context, 1),
+            "priced_prefill_tok_s": round(rates.prefill_tok_s, 2),
+            "priced_decode_tok_s": [round(x, 2) for x in rates.decode_tok_s],
+            "profile_repaired": list(rates.repaired),
             "last_seen_s": round(time.monotonic() - self.last_seen, 3),
             "requests": [dataclasses.asdict(r) for r in hb.active + hb.queued] if hb else [],
         }
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
 
 
 def ready_problem(ready: p.Ready, model: str | None, have_tokenizer: bool) -> p.Problem | None:

@@ -152,10 +152,8 @@ class Router:
         elif isinstance(msg, p.Cancel):
             self.cancel(identity, msg.request_id)
         elif isinstance(msg, p.StatusQuery):
-            rows = [
-                {**w.describe(), **self.calibration.describe(w.id)}
-                for w in sorted(self.workers.values(), key=lambda w: w.id)
-            ]
+            live = self.cfg.calibrate
+            rows = [w.describe(live) for w in sorted(self.workers.values(), key=lambda w: w.id)]
             reply(
                 identity,
                 p.StatusReply(
@@ -324,13 +322,15 @@ class Router:
         w.last_seen = now = time.monotonic()
         if isinstance(msg, p.Heartbeat):
             w.on_heartbeat(msg)
-            self.calibration.on_heartbeat(w.id, len(msg.active))
             rows = msg.active + msg.queued
             remaining = sum(r.prefill_remaining + r.decode_remaining for r in rows)
             self.liveness.on_heartbeat(w.id, remaining, bool(w.inflight), now)
+            problem = w.update_steps(msg.steps) if msg.steps is not None else None
+            if problem:  # routing goes on with the last good model
+                log.warning("worker %s sent an unusable step model: %s", w.id, problem)
             if not w.cache.apply(msg.cache):
                 self.worker_sock.send(identity, p.ResyncCache())
-            self.metrics.on_heartbeat(w, self.calibration.describe(w.id))
+            self.metrics.on_heartbeat(w, w.rates(self.cfg.calibrate))
         elif isinstance(msg, p.TokenDelta | p.Done | p.Error):
             self.relay(w, msg)
         elif isinstance(msg, p.Goodbye):
@@ -371,7 +371,6 @@ class Router:
             self._drop_worker(old, "re-registered")
         self.workers[ready.worker_id] = WorkerState(identity, ready)
         self._by_identity[identity] = ready.worker_id
-        self.calibration.register(ready.worker_id, ready.prefill_tok_s, ready.decode_tok_s)
         log.info(
             "worker %s joined: %s on %s, max_active %d",
             ready.worker_id,
@@ -400,17 +399,15 @@ class Router:
             self.metrics.on_tokens(w.id, len(msg.token_ids))
             routed = w.inflight.get(wid)
             if routed is not None:
-                sample = routed.relayed(len(msg.token_ids))
+                routed.tokens_seen += len(msg.token_ids)
                 w.track(routed)  # its decode budget shrank
-                if sample:
-                    self.calibration.on_progress(w.id, routed.tokens_seen, req.t_first)
             if sub.stream:  # sent at the end of this drain, with any others of this request
                 self.outbox.add(w, req, msg.token_ids, msg.text)
             return
         self._forget(w, req)
         self.admission.on_done(now)
         if isinstance(msg, p.Done):
-            self.calibration.on_done(w.id, msg.stats, msg.finish_reason, req.budget, req.t_first)
+            self.calibration.on_done(msg.stats, msg.finish_reason, req.budget)
             self._send_buffered(req)
             stats = req.final_stats(msg.stats, time.monotonic(), req.policy)
             self.client_sock.send(req.client, p.Done(sub.request_id, msg.finish_reason, stats))
@@ -448,7 +445,6 @@ class Router:
         self.views.forget(w.id)
         if self._by_identity.get(w.identity) == w.id:
             del self._by_identity[w.identity]
-        self.calibration.forget(w.id)
         self.metrics.on_worker_removed(w.id)
         self.liveness.forget(w.id)
         now, again = time.monotonic(), []

@@ -27,7 +27,7 @@ from tandem.common.codec import FieldError, codec_for
 from tandem.common.errors import ErrorCode, Problem
 from tandem.common.validation import message_problem
 
-PROTOCOL_VERSION = 3  # 3: Ready.tokenizer_hash, Reregister.tokenizer
+PROTOCOL_VERSION = 3  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds
 
 
 class FinishReason(StrEnum):
@@ -260,6 +260,9 @@ class Heartbeat(Message):
 
     ``active`` / ``queued``: one RequestRow per request.
     ``cache``: prefix-block changes, see common.blocks.CacheLog.
+    ``steps``: the worker's measured step costs (``common.steptime.StepModel``
+    wire form), only when they changed (at most every ``steps_every_s``) or on
+    a resync; None otherwise, and the router keeps the last one it got.
     """
 
     TYPE: ClassVar[str] = "heartbeat"
@@ -270,6 +273,7 @@ class Heartbeat(Message):
     kv_used_tokens: int
     kv_capacity_tokens: int
     cache: dict[str, Any]
+    steps: dict[str, Any] | None = None
 
 
 @dataclass

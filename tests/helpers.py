@@ -95,14 +95,14 @@ class Harness:
         assert isinstance(msg, p.Assign)
         return msg
 
-    def heartbeat(self, wid: str, seq: int, active=(), queued=(), blocks=None) -> None:
+    def heartbeat(self, wid: str, seq: int, active=(), queued=(), blocks=None, steps=None) -> None:
         cache = {"full": True, "seq": seq, "blocks": list(blocks or [])}
-        hb = p.Heartbeat(wid, seq, list(active), list(queued), 0, 8192, cache)
+        hb = p.Heartbeat(wid, seq, list(active), list(queued), 0, 8192, cache, steps)
         self.workers[wid].send(hb)
         self.pump()
 
-    def view(self, wid: str, tokens: list[int]) -> WorkerView:
-        return self.router.workers[wid].view(tokens)
+    def view(self, wid: str, tokens: list[int], live: bool = True) -> WorkerView:
+        return self.router.workers[wid].view(tokens, live)
 
     def decisions(self) -> list[dict[str, Any]]:
         return [json.loads(x) for x in self.log_path.read_text().splitlines()]

@@ -24,14 +24,15 @@ class EngineConfig:
     heartbeat_s: float = 0.5
     max_tokens_limit: int = 4096
     full_resync_s: float = 30.0  # a full block listing this often, whatever the deltas said
+    steps_every_s: float = 1.0  # the step-time model rides a heartbeat at most this often
 
     def __post_init__(self) -> None:
         if self.max_active < 1:
             raise ValueError("max_active must be >= 1")
         if self.step_tokens < self.max_active:
             raise ValueError("step_tokens must be >= max_active (one decode token each)")
-        if self.block_size < 1 or self.heartbeat_s <= 0:
-            raise ValueError("block_size must be >= 1 and heartbeat_s > 0")
+        if self.block_size < 1 or self.heartbeat_s <= 0 or self.steps_every_s <= 0:
+            raise ValueError("block_size must be >= 1, heartbeat_s and steps_every_s > 0")
         if self.cache_tokens < 0 or self.cache_entries < 0 or self.max_tokens_limit < 1:
             raise ValueError("cache_tokens, cache_entries >= 0 and max_tokens_limit >= 1")
 

@@ -23,6 +23,7 @@ from tandem.common.tokenizer import TokenizerSpec
 from tandem.workers.config import EngineConfig
 from tandem.workers.prefix_cache import Match, PrefixCache
 from tandem.workers.request import Request, Status
+from tandem.workers.steptimer import StepTimer
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +84,16 @@ class Engine:
         self._hb_seq = 0
         self._last_hb = 0.0
         self._last_full = time.monotonic()
+        self.timer = StepTimer(config.steps_every_s, config.full_resync_s)
 
     # ------------------------------------------------------------ the loop
     def run(self, stop: threading.Event) -> None:
         """Drain the inbox (blocking only when idle), step, report; until ``stop``."""
         while not stop.is_set():
-            self.drain_inbox(block=not (self.queue or self.active))
+            idle = not (self.queue or self.active)
+            if idle:  # e.g. a cancel emptied it: the open step ends before the wait
+                self.timer.stop()
+            self.drain_inbox(block=idle)
             if self.queue or self.active:
                 self.step()
             self.maybe_heartbeat()
@@ -115,8 +120,11 @@ class Engine:
                 budget -= n
         if not decode and not prefill:
             return
+        context = sum(r.n_computed + r.n_fed for r in decode)  # KV the decode rows attend over
+        self.timer.start(len(decode), context, sum(n for _, n in prefill))
         sampled = self._run(decode, prefill)
         if sampled is None:
+            self.timer.discard()
             return
         for r in decode:
             r.n_fed += 1
@@ -128,6 +136,8 @@ class Engine:
             token = sampled.get(r.id)
             if token is not None and r.status is Status.DECODE:
                 self._on_token(r, token)
+        if not (self.queue or self.active):  # idle next: the step ends here
+            self.timer.stop()
 
     # ------------------------------------------------------------ messages
     def handle(self, msg: p.Message) -> None:
@@ -135,8 +145,9 @@ class Engine:
             self.submit(Request.from_assign(msg))
         elif isinstance(msg, p.Cancel):
             self.cancel(msg.request_id)
-        elif isinstance(msg, p.ResyncCache):
+        elif isinstance(msg, p.ResyncCache):  # also queued on every Welcome
             self.cache.log.request_full()
+            self.timer.forget_sent()  # a new router knows no step model yet
             self._changed = True
         elif isinstance(msg, p.Reregister):
             self.drop_all()
@@ -309,7 +320,8 @@ class Engine:
         if now - self._last_full >= self.cfg.full_resync_s:
             self.cache.log.request_full()  # heals any delta the router silently lost
             self._last_full = now
-        if self._changed or now - self._last_hb >= self.cfg.heartbeat_s:
+        due = now - self._last_hb >= self.cfg.heartbeat_s
+        if self._changed or due or self.timer.has_news():
             self.emit(self.heartbeat())
             self._last_hb = now
             self._changed = False
@@ -324,4 +336,5 @@ class Engine:
             kv_used_tokens=sum(len(r.kv_tokens()) for r in self.active) + self.cache.tokens_held,
             kv_capacity_tokens=self.backend.n_ctx,
             cache=self.cache.log.report(),
+            steps=self.timer.report(),
         )

@@ -39,7 +39,24 @@ def rates(cfg: WorkerConfig, backend: Backend) -> tuple[float, list[float]]:
     decode = list(cfg.decode_tok_s or (stored[1] if stored else [DEFAULT_DECODE_TOK_S]))
     while len(decode) < cfg.engine.max_active:
         decode.append(decode[-1])  # no data beyond this batch size: assume a plateau
-    return prefill, decode[: cfg.engine.max_active]
+    decode = decode[: cfg.engine.max_active]
+    _warn_if_suspicious(decode, "--decode-tok-s" if cfg.decode_tok_s else "the stored profile")
+    return prefill, decode
+
+
+def _warn_if_suspicious(decode: list[float], source: str) -> None:
+    """A stall caught in a profile (one bad point, or a dip with batch size) misprices
+    the worker until live step times replace it: say so where the operator looks."""
+    from tandem.common.ratefit import explain, fit_decode_rates
+
+    problems = explain(decode, fit_decode_rates(decode))
+    if problems:
+        log.warning(
+            "decode rates from %s look wrong: %s. The router repairs them and prices from "
+            "live step times once requests run; re-run `tandem profile` on an idle machine.",
+            source,
+            "; ".join(problems),
+        )
 
 
 def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:

@@ -31,6 +31,11 @@ class WorkerView:
     cached_tokens: int = 0  # tokens of the incoming prompt this worker already holds
     active: tuple[Load, ...] = ()
     queued: tuple[Load, ...] = ()
+    # From the worker's live step-time model (broker/pricing.py); the defaults mean
+    # "not measured", and then step_s prices every context alike.
+    decode_context: float = 0.0  # context tokens per row at which decode_rates hold
+    decode_context_s: float = 0.0  # extra step seconds per context token per decoding row
+    prefill_by_chunk: tuple[tuple[int, float], ...] = ()  # (chunk bucket tokens, tok/s) measured
 
     # Cached per view: the router reuses a view across decisions until the worker changes.
     @cached_property
@@ -53,6 +58,17 @@ class WorkerView:
         """Aggregate decode tok/s when ``batch`` requests decode together."""
         b = max(1, min(batch, self.max_active, len(self.decode_rates)))
         return self.decode_rates[b - 1]
+
+    def step_s(self, batch: int, context: float | None = None) -> float:
+        """Seconds of one decode step of ``batch`` rows with ``context`` tokens of
+        context per row (None: the context the rates were measured at). Past
+        max_active the batch cannot grow: the worker runs max_active rows."""
+        b = max(1, min(batch, self.max_active))
+        base = b / self.decode_rate(b)
+        if context is None or not self.decode_context_s:
+            return base
+        # Never below a fifth of the measured step: the fit is linear, not physics.
+        return max(0.2 * base, base + self.decode_context_s * b * (context - self.decode_context))
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,7 @@ def test_profile_command_measures_a_sim(tmp_path: Path, model: Path, monkeypatch
     monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path / "cache"))
     path = write_profile(tmp_path, decode_step_s=[0.004, 0.005])
     args = ["profile", "--backend", "sim", "--profile", str(path), "--max-active", "2"]
-    args += ["--decode-tokens", "16", "--repeats", "1", "--json"]
+    args += ["--decode-tokens", "16", "--repeats", "3", "--json"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)

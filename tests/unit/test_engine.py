@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tandem.common import protocol as p
 from tandem.common.protocol import SamplingParams
+from tandem.common.steptime import StepModel
 from tandem.workers.engine import Engine, EngineConfig
 from tandem.workers.request import Request, Status
 from tests.helpers import EOS, FakeBackend
@@ -249,3 +252,93 @@ def test_a_worker_without_profile_or_rate_flags_says_its_rates_are_a_guess(
     with caplog.at_level("WARNING", logger="tandem.workers.main"):
         assert rates(flagged, FakeBackend()) == (900.0, [80.0] * 4)
     assert not caplog.text
+
+
+def test_a_worker_whose_stored_profile_has_a_stall_in_it_says_so(
+    tmp_path, monkeypatch, caplog
+) -> None:
+    from tandem.workers.config import WorkerConfig
+    from tandem.workers.main import rates
+    from tandem.workers.profiles import save_profile
+
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
+    be = FakeBackend()
+
+    def store(decode: list[float]) -> None:
+        save_profile(
+            be.name, be.device, be.model_name, {"prefill_tok_s": 1.0, "decode_tok_s": decode}
+        )
+
+    store([180.0, 11.0, 332.0, 560.0])
+    with caplog.at_level("WARNING", logger="tandem.workers.main"):
+        assert rates(WorkerConfig(router="tcp://127.0.0.1:1"), be)[1] == [180.0, 11.0, 332.0, 560.0]
+    assert "decode rates from the stored profile look wrong: batch 2: 11 tok/s" in caplog.text
+    caplog.clear()
+    store([180.0, 259.0, 332.0, 560.0])
+    with caplog.at_level("WARNING", logger="tandem.workers.main"):
+        rates(WorkerConfig(router="tcp://127.0.0.1:1"), be)
+    assert not caplog.text
+
+
+def test_step_times_reach_the_heartbeat_as_a_step_model():
+    e, b, _ = make(max_active=2, step_tokens=8)
+    now = [100.0]
+    e.timer.clock = lambda: now[0]  # the device's time, advanced by the fake backend below
+    run = b.run
+
+    def timed(decode, prefill):
+        now[0] += 0.010 + 0.002 * len(decode) + 0.0005 * sum(n for _, n in prefill)
+        return run(decode, prefill)
+
+    b.run = timed
+    e.submit(req("a", n=6, max_tokens=20))
+    e.submit(req("b", n=6, max_tokens=20, start=50))
+    run_all(e)
+    # Steps: prefill 6+2 (a then decodes), a decodes + b prefills 4, then both decode.
+    m = StepModel.from_wire(e.heartbeat().steps)
+    assert m.decode_batch == (1, 2) and m.decode_samples[1] >= 17
+    assert m.decode_step_s == pytest.approx((0.012, 0.014))
+    assert m.prefill_chunk == (8,) and m.prefill_tok_s == pytest.approx((8 / 0.014,))
+    assert e.heartbeat().steps is None  # unchanged: not sent again
+    e.handle(p.ResyncCache())  # what a Welcome queues: a new router must learn it again
+    assert StepModel.from_wire(e.heartbeat().steps) == m
+
+
+def test_idle_time_between_requests_is_not_a_step():
+    e, b, _ = make(max_active=1)
+    now = [0.0]
+    e.timer.clock = lambda: now[0]
+    run = b.run
+
+    def timed(decode, prefill):
+        now[0] += 0.01
+        return run(decode, prefill)
+
+    b.run = timed
+    e.submit(req("a", n=2, max_tokens=3))
+    run_all(e)
+    now[0] += 60.0  # the worker sat idle for a minute
+    e.submit(req("b", n=2, max_tokens=3))
+    run_all(e)
+    steps = [s for w in e.timer.stats.decode.values() for s, _ in w.samples]
+    assert max(steps) == pytest.approx(0.01)
+
+
+def test_a_new_batch_size_is_reported_at_once_repeats_wait():
+    e, b, out = make(max_active=2, step_tokens=8)
+    e.timer.clock = lambda: 0.0 if not b.steps else len(b.steps) * 0.01  # 10 ms a step
+    e.submit(req("a", n=2, max_tokens=6))
+    run_all(e)
+    first = StepModel.from_wire(e.heartbeat().steps)
+    assert first.decode_batch == (1,)
+    e.submit(req("b", n=2, max_tokens=6))
+    run_all(e)
+    assert e.heartbeat().steps is None  # more of the same within steps_every_s: wait
+    e.submit(req("c", n=2, max_tokens=6))
+    e.submit(req("d", n=2, max_tokens=6, start=50))
+    run_all(e)
+    out.clear()
+    e._changed, e._last_hb = False, time.monotonic()  # nothing else to report
+    e.maybe_heartbeat()  # the new size alone triggers it
+    (hb,) = [m for m in out if isinstance(m, p.Heartbeat)]
+    assert StepModel.from_wire(hb.steps).decode_batch == (1, 2)

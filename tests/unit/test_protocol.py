@@ -30,6 +30,7 @@ EXAMPLES = [
     p.Error(p.BAD_FRAME, "nope"),
     p.Ready("w", "llama.cpp", "cpu", "m.gguf", 4, 8192, 16, 200.0, [50.0, 80.0], 0.5, {"k": 1}),
     p.Heartbeat("w", 3, [p.RequestRow("a", 9, 0, 0, 4)], [], 10, 100, {"full": True}),
+    p.Heartbeat("w", 4, [], [], 0, 100, {}, steps={"b": [1], "s": [0.01], "n": [3]}),
     p.Assign("a", [1, 2], p.SamplingParams(8, stop=["x"], prefill_only=True)),
     p.Reregister(),
     p.Reregister(tokenizer=True),
@@ -88,6 +89,9 @@ def test_sampling_problems_are_named(sampling, needle):
 BAD = p.BAD_REQUEST
 
 
+OLD = p.PROTOCOL_VERSION - 1  # an older peer
+
+
 def _frame(**body):
     return msgpack.packb({"v": p.PROTOCOL_VERSION, **body})
 
@@ -124,7 +128,8 @@ def test_rejections_carry_a_code_and_a_clear_message(frame, code, needle):
 def test_non_string_keys_are_rejected():
     for key in (b"request_id", 1):
         with pytest.raises(p.ProtocolError) as info:
-            p.decode(msgpack.packb({"v": 1, "type": "cancel", key: "r"}, use_bin_type=True))
+            frame = {"v": p.PROTOCOL_VERSION, "type": "cancel", key: "r"}
+            p.decode(msgpack.packb(frame, use_bin_type=True))
         assert info.value.code == p.BAD_FRAME
 
 
