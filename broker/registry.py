@@ -101,6 +101,7 @@ class WorkerState:
             cached_tokens=self.cached_for(tokens),
             active=tuple(active),
             queued=tuple(queued),
+            step_tokens=self.info.step_tokens,
         )
 
     def fits(self, prompt_tokens: int, max_tokens: int) -> bool:

@@ -22,6 +22,7 @@ from tandem.common import protocol as p
 from tandem.common.tokenizer import TokenizerSpec
 from tandem.workers.prefix_cache import Match, PrefixCache
 from tandem.workers.request import Request, Status
+from tandem.workers.schedule import admissible, plan_step, reservation
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +92,13 @@ class Engine:
         emit: Callable[[p.Message], None],
         worker_id: str,
         inbox: queue.Queue[p.Message] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.backend = backend
         self.cfg = config
         self.emit = emit
         self.worker_id = worker_id
+        self.clock = clock  # the twin (twin/) drives the engine on a virtual clock
         self.inbox: queue.Queue[p.Message] = inbox if inbox is not None else queue.Queue()
         self.queue: deque[Request] = deque()
         self.active: list[Request] = []
@@ -103,7 +106,7 @@ class Engine:
         self._changed = True
         self._hb_seq = 0
         self._last_hb = 0.0
-        self._last_full = time.monotonic()
+        self._last_full = self.clock()
 
     # ------------------------------------------------------------ the loop
     def run(self, stop: threading.Event) -> None:
@@ -126,16 +129,10 @@ class Engine:
     def step(self) -> None:
         """Admit -> build batch -> run -> sample -> emit."""
         self.admit()
-        decode = [r for r in self.active if r.status is Status.DECODE]
-        budget = self.cfg.step_tokens - len(decode)
-        prefill: list[tuple[Request, int]] = []
-        for r in self.active:
-            if r.status is Status.PREFILL and budget > 0:
-                n = min(r.prefill_remaining, budget)
-                prefill.append((r, n))
-                budget -= n
-        if not decode and not prefill:
+        plan = plan_step(self.active, self.cfg.step_tokens)
+        if not plan:
             return
+        decode, prefill = plan.decode, plan.prefill
         sampled = self._run(decode, prefill)
         if sampled is None:
             return
@@ -167,6 +164,7 @@ class Engine:
         if problem:
             self.emit(p.Error(problem[0], problem[1], req.id))
             return
+        req.t_arrive = self.clock()
         self.queue.append(req)
         self._changed = True
 
@@ -174,7 +172,7 @@ class Engine:
         for r in self.queue:
             if r.id == request_id:
                 self.queue.remove(r)
-                r.t_done = time.monotonic()
+                r.t_done = self.clock()
                 self.emit(p.Done(r.id, "cancelled", self._stats(r)))
                 self._changed = True
                 return
@@ -187,9 +185,12 @@ class Engine:
     # ------------------------------------------------------------ bookkeeping
     def can_admit(self, req: Request) -> bool:
         reserved = sum(self._reservation(r) for r in self.active)
-        return (
-            len(self.active) < self.cfg.max_active
-            and reserved + self._reservation(req) <= self.backend.n_ctx
+        return admissible(
+            len(self.active),
+            reserved,
+            self._reservation(req),
+            self.cfg.max_active,
+            self.backend.n_ctx,
         )
 
     def admit(self) -> None:
@@ -205,14 +206,14 @@ class Engine:
                     self.cache.unpin(match.entry)
             req.n_cached = req.n_computed = match.n_tokens
             req.status = Status.PREFILL
-            req.t_admit = time.monotonic()
+            req.t_admit = self.clock()
             self.active.append(req)
             self._changed = True
 
     def finish(self, req: Request, reason: str, notify: bool = True) -> None:
         req.status = Status.FINISHED
         req.finish_reason = reason
-        req.t_done = time.monotonic()
+        req.t_done = self.clock()
         tail = req.text.flush() if reason in ("length", "eos") else ""
         if tail:
             self.emit(p.TokenDelta(req.id, [], tail))
@@ -268,7 +269,7 @@ class Engine:
             self.finish(req, "prefill_only")
             return
         req.status = Status.DECODE
-        req.t_first = time.monotonic()
+        req.t_first = self.clock()
 
     def _on_token(self, req: Request, token: int) -> None:
         if self.backend.is_eog(token) and not req.ignore_eos:
@@ -300,14 +301,14 @@ class Engine:
 
     @staticmethod
     def _reservation(req: Request) -> int:
-        return len(req.prompt) + (0 if req.prefill_only else req.max_tokens)
+        return reservation(len(req.prompt), req.max_tokens, req.prefill_only)
 
     def _stats(self, req: Request) -> dict[str, Any]:
         return {**req.stats(), "worker": self.worker_id}
 
     # ------------------------------------------------------------ heartbeats
     def maybe_heartbeat(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if now - self._last_full >= self.cfg.full_resync_s:
             self.cache.log.request_full()  # heals any delta the router silently lost
             self._last_full = now

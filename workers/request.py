@@ -69,6 +69,10 @@ class Request:
         )
 
     @property
+    def decoding(self) -> bool:
+        return self.status is Status.DECODE
+
+    @property
     def prefill_remaining(self) -> int:
         return len(self.prompt) - self.n_computed
 

@@ -1,10 +1,12 @@
 """Routing policies: views of workers (``views``), one module per family
-(``simple``: no device model; ``cost``: token and time pricing), and the registry
+(``simple``: no device model; ``cost``: token and time pricing; ``finish``: the
+worker's schedule replayed forward), and the registry
 that builds a policy from its name."""
 
 from __future__ import annotations
 
 from tandem.broker.policies.cost import CacheAware, LeastTokens, PhaseCost
+from tandem.broker.policies.finish import FinishTime
 from tandem.broker.policies.simple import Forced, LeastLoaded, RoundRobin
 from tandem.broker.policies.views import (
     Decision,
@@ -17,7 +19,7 @@ from tandem.broker.policies.views import (
 )
 
 POLICIES: dict[str, type] = {
-    p.name: p for p in (PhaseCost, LeastTokens, CacheAware, LeastLoaded, RoundRobin)
+    p.name: p for p in (PhaseCost, FinishTime, LeastTokens, CacheAware, LeastLoaded, RoundRobin)
 }
 
 
@@ -37,6 +39,7 @@ __all__ = [
     "LeastTokens",
     "PhaseCost",
     "Decision",
+    "FinishTime",
     "Forced",
     "LeastLoaded",
     "RoundRobin",

@@ -30,6 +30,7 @@ class WorkerView:
     cached_tokens: int = 0  # tokens of the incoming prompt this worker already holds
     active: tuple[Load, ...] = ()
     queued: tuple[Load, ...] = ()
+    step_tokens: int = 256  # the worker's per-step token budget (Ready.step_tokens)
 
     @property
     def n_requests(self) -> int:

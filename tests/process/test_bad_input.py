@@ -55,13 +55,21 @@ def test_malformed_frames_get_error_replies(cluster):
     cases = {
         b"\xc1 definitely not msgpack": p.BAD_FRAME,
         msgpack.packb([1, 2, 3]): p.BAD_FRAME,
-        msgpack.packb({"v": 1, "type": "no_such_type"}): p.BAD_FRAME,
+        msgpack.packb({"v": p.PROTOCOL_VERSION, "type": "no_such_type"}): p.BAD_FRAME,
         msgpack.packb({"v": 99, "type": "hello"}): p.VERSION_MISMATCH,
-        msgpack.packb({"v": 1, "type": "submit", "request_id": "x", "prompt": 5}): p.BAD_REQUEST,
         msgpack.packb(
-            {"v": 1, "type": "submit", "request_id": "x", "prompt": "a", "bogus": 1}
+            {"v": p.PROTOCOL_VERSION, "type": "submit", "request_id": "x", "prompt": 5}
         ): p.BAD_REQUEST,
-        msgpack.packb({"v": 1, "type": "submit", "prompt": "a"}): p.BAD_REQUEST,
+        msgpack.packb(
+            {
+                "v": p.PROTOCOL_VERSION,
+                "type": "submit",
+                "request_id": "x",
+                "prompt": "a",
+                "bogus": 1,
+            }
+        ): p.BAD_REQUEST,
+        msgpack.packb({"v": p.PROTOCOL_VERSION, "type": "submit", "prompt": "a"}): p.BAD_REQUEST,
         p.encode(p.Heartbeat("w", 1, [], [], 0, 0, {})): p.BAD_REQUEST,  # wrong socket
     }
     for frame, code in cases.items():

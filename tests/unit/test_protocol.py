@@ -45,7 +45,9 @@ def test_round_trip(msg):
 
 
 def test_integers_are_accepted_where_floats_are_expected():
-    frame = msgpack.packb({"v": 1, "type": "submit", "request_id": "r", "prompt": "x", "top_p": 1})
+    frame = msgpack.packb(
+        {"v": p.PROTOCOL_VERSION, "type": "submit", "request_id": "r", "prompt": "x", "top_p": 1}
+    )
     msg = p.decode(frame)
     assert isinstance(msg, p.Submit) and msg.top_p == 1.0 and isinstance(msg.top_p, float)
 
@@ -60,7 +62,11 @@ def _frame(**body):
         (b"\xc1", p.BAD_FRAME, "msgpack"),
         (msgpack.packb("a string"), p.BAD_FRAME, "map"),
         (msgpack.packb({"type": "hello"}), p.VERSION_MISMATCH, "version"),
-        (msgpack.packb({"v": 2, "type": "hello"}), p.VERSION_MISMATCH, "version"),
+        (
+            msgpack.packb({"v": p.PROTOCOL_VERSION + 1, "type": "hello"}),
+            p.VERSION_MISMATCH,
+            "version",
+        ),
         (_frame(type="warp"), p.BAD_FRAME, "unknown message type"),
         (_frame(type=7), p.BAD_FRAME, "unknown message type"),
         (_frame(type="cancel"), p.BAD_REQUEST, "missing field 'request_id'"),
@@ -82,7 +88,11 @@ def test_rejections_carry_a_code_and_a_clear_message(frame, code, needle):
 def test_non_string_keys_are_rejected():
     for key in (b"request_id", 1):
         with pytest.raises(p.ProtocolError) as info:
-            p.decode(msgpack.packb({"v": 1, "type": "cancel", key: "r"}, use_bin_type=True))
+            p.decode(
+                msgpack.packb(
+                    {"v": p.PROTOCOL_VERSION, "type": "cancel", key: "r"}, use_bin_type=True
+                )
+            )
         assert info.value.code == p.BAD_FRAME
 
 
