@@ -10,6 +10,7 @@ from tandem.cli.options import setup_logging
 from tandem.cli.profile import profile
 from tandem.cli.route import decisions, route
 from tandem.cli.serve import router, worker
+from tandem.cli.sim import sim
 from tandem.cli.use import generate, status
 from tandem.common.settings import env_str
 
@@ -21,5 +22,5 @@ def main(log_level: str) -> None:
     setup_logging(log_level)
 
 
-for command in (router, worker, generate, status, profile, route, decisions, bench):
+for command in (router, worker, generate, status, profile, route, decisions, bench, sim):
     main.add_command(command)
