@@ -8,8 +8,9 @@ from typing import Any
 from tandem.bench.plots import slug
 from tandem.bench.spec import parse_worker
 from tandem.bench.stats import summarize_runs
+from tandem.broker.policies import DEFAULT_POLICY
 
-_PHASE = "phase_cost"
+_DEFAULT = DEFAULT_POLICY
 
 
 def _ms(s: dict[str, Any], key: str, scale: float = 1.0, digits: int = 2) -> str:
@@ -115,14 +116,14 @@ def _workload_line(wl: dict[str, Any], active: str, rates: str) -> str:
 
 
 def headline(group: dict[str, Any]) -> str | None:
-    """phase_cost against the first policy, the best other policy and the oracle."""
+    """The default policy against the first policy, the best other policy and the oracle."""
     cases = {c["router_policy"]: c for c in group["cases"]}
-    pc = cases.get(_PHASE)
+    pc = cases.get(_DEFAULT)
     if not pc or not _summary(pc):
         return None
     first = group["cases"][0]
     others = [c for c in group["cases"] if c is not pc and _summary(c)]
-    parts = [f"phase_cost makespan {_mean(pc, 'makespan_s'):.2f} s"]
+    parts = [f"{_DEFAULT} makespan {_mean(pc, 'makespan_s'):.2f} s"]
     if first is not pc:
         parts.append(
             f"{_pct(_mean(pc, 'makespan_s'), _mean(first, 'makespan_s'))} vs "
@@ -134,7 +135,8 @@ def headline(group: dict[str, Any]) -> str | None:
             f"{_pct(_mean(pc, 'makespan_s'), _mean(best, 'makespan_s'))} vs the best other "
             f"policy ({best['router_policy']}, {_mean(best, 'makespan_s'):.2f} s)"
         )
-    parts.append(f"{_mean(pc, 'vs_oracle'):.2f}x the oracle bound")
+    if _mean(pc, "vs_oracle"):
+        parts.append(f"{_mean(pc, 'vs_oracle'):.2f}x the oracle bound")
     return "; ".join(parts) + "."
 
 
@@ -152,7 +154,7 @@ def placement_lines(group: dict[str, Any]) -> list[str]:
                 text += f" ({minority}: #{', #'.join(map(str, idx))})"
             runs.append(text)
         out.append(f"- {c['router_policy']}: " + "; ".join(runs))
-    if group["cases"] and group["cases"][0]["runs"]:
+    if group["cases"] and group["cases"][0]["runs"] and group["cases"][0]["runs"][0]["oracle"]:
         oracle = group["cases"][0]["runs"][0]["oracle"]["requests"]
         out.append(f"- oracle's best assignment (run 1): {oracle}")
     return out

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TRACE_BLOCK_TOKENS = 512  # what one hash id stands for in the trace
-_FIRST_ID, _LAST_ID = 1000, 40000  # ordinary tokens of the embedded vocabulary
+_IDS = range(1000, 40000)  # ordinary tokens of the embedded vocabulary
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,7 @@ def load_trace(path: str, scale: TraceScale) -> tuple[TraceRequest, ...]:
 @functools.lru_cache(maxsize=1 << 16)
 def block_tokens(hash_id: int, n: int) -> tuple[int, ...]:
     """The ``n`` token ids hash id ``hash_id`` stands for (deterministic)."""
-    rng = random.Random(hash_id * 1_000_003 + n)
-    return tuple(rng.randrange(_FIRST_ID, _LAST_ID) for _ in range(n))
+    return tuple(random.Random(hash_id * 1_000_003 + n).choices(_IDS, k=n))
 
 
 def trace_prompt(req: TraceRequest, scale: TraceScale, index: int) -> list[int]:

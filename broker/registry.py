@@ -52,7 +52,9 @@ class Routed:
         if reported is None:  # not in a heartbeat yet: keep what routing assumed
             return Load(self.prompt_tokens - self.cached_estimate, budget)
         prefill = int(reported.get("prefill_remaining", 0))
-        if queued:
+        if self.tokens_seen:  # it already produced tokens: its prefill is over, whatever
+            prefill = 0  # a heartbeat sent before that still says
+        elif queued:
             prefill -= self.cached_estimate
         return Load(max(0, prefill), max(0, min(int(reported.get("decode_remaining", 0)), budget)))
 
@@ -74,14 +76,20 @@ class WorkerState:
     def liveness_s(self, floor_s: float) -> float:
         return max(floor_s, 6 * self.info.heartbeat_s)
 
-    def cached_for(self, tokens: list[int]) -> int:
-        """Tokens of ``tokens`` this worker's prefix cache will match (block-exact)."""
+    def cached_for(self, tokens: list[int], hashes: dict[int, list[int]] | None = None) -> int:
+        """Tokens of ``tokens`` this worker's prefix cache will match (block-exact).
+        ``hashes``: block hashes of ``tokens`` by block size, shared between the workers
+        of one decision (filled here), so a long prompt is hashed once, not per worker."""
         bs = self.info.block_size
-        usable = (len(tokens) - 1) // bs * bs  # workers always leave >= 1 token to compute
-        return matched_tokens(block_hashes(tokens[:usable], bs), self.cache.held, bs)
+        hashes = {} if hashes is None else hashes
+        if bs not in hashes:
+            usable = (len(tokens) - 1) // bs * bs  # workers always leave >= 1 token to compute
+            hashes[bs] = block_hashes(tokens[:usable], bs)
+        return matched_tokens(hashes[bs], self.cache.held, bs)
 
-    def view(self, tokens: list[int]) -> WorkerView:
-        """The policy's view of this worker for a prompt of ``tokens``."""
+    def view(self, tokens: list[int], hashes: dict[int, list[int]] | None = None) -> WorkerView:
+        """The policy's view of this worker for a prompt of ``tokens`` (``hashes``: see
+        ``cached_for``)."""
         hb = self.heartbeat
         reported = {}
         listed_active: set[str] = set()
@@ -90,15 +98,18 @@ class WorkerState:
             listed_active = {r.get("id") for r in hb.active}
         active, queued = [], []
         for wid, routed in self.inflight.items():
-            load = routed.load(reported.get(wid), queued=wid not in listed_active)
-            (active if wid in listed_active else queued).append(load)
+            # Tokens relayed prove a request active even if the last heartbeat (older
+            # than they are) listed it as queued.
+            is_active = wid in listed_active or routed.tokens_seen > 0
+            load = routed.load(reported.get(wid), queued=not is_active)
+            (active if is_active else queued).append(load)
         return WorkerView(
             id=self.id,
             prefill_rate=self.info.prefill_tok_s,
             decode_rates=tuple(self.info.decode_tok_s),
             max_active=self.info.max_active,
             device=self.info.device,
-            cached_tokens=self.cached_for(tokens),
+            cached_tokens=self.cached_for(tokens, hashes),
             active=tuple(active),
             queued=tuple(queued),
             step_tokens=self.info.step_tokens,

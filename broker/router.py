@@ -18,7 +18,7 @@ import zmq
 
 from tandem.broker.calibration import DECODE_ESTIMATES, Calibration
 from tandem.broker.decisions import DecisionLog, decision_record
-from tandem.broker.policies import NoCandidate, parse_policy
+from tandem.broker.policies import DEFAULT_POLICY, NoCandidate, parse_policy
 from tandem.broker.registry import Routed, WorkerState, ready_problem
 from tandem.broker.requests import ClientRequest, prompt_tokens, validate_submit
 from tandem.common import protocol as p
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RouterConfig:
     addresses: Addresses
-    policy: str = "phase_cost"
+    policy: str = DEFAULT_POLICY
     liveness_s: float = 3.0  # floor of a worker's liveness window (else 6 heartbeats)
     no_worker_wait_s: float = 30.0  # how long a request waits for a first worker
     decision_log: str | None = None

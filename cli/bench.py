@@ -16,10 +16,11 @@ import click
 from click.core import ParameterSource
 
 from tandem.bench.workload import KINDS
+from tandem.broker.policies import DEFAULT_POLICY
 
 _DEFAULTS: dict[str, Any] = {
     "workers": (),
-    "policies": ("forced:@fastest", "phase_cost"),
+    "policies": ("forced:@fastest", DEFAULT_POLICY),
     "workload": "burst",
     "requests": (8,),
     "spacing_ms": 50.0,

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from tandem.broker.policies import DEFAULT_POLICY
 from tandem.cli.options import sim_profile
 from tandem.common.settings import DEFAULT_CLIENT_ADDR, DEFAULT_WORKER_ADDR, Addresses
 from tandem.workers.backends import BACKENDS
@@ -21,9 +22,10 @@ from tandem.workers.backends import BACKENDS
 @click.option(
     "--policy",
     envvar="TANDEM_POLICY",
-    default="phase_cost",
+    default=DEFAULT_POLICY,
     show_default=True,
-    help="phase_cost | least_tokens | cache_aware | least_loaded | round_robin | forced:SEL",
+    help="finish_time | phase_cost | least_tokens | cache_aware | least_loaded | round_robin "
+    "| forced:SEL",
 )
 @click.option(
     "--liveness-s",

@@ -56,7 +56,8 @@ class TwinRouter:
             self.ended += 1
             return
         rr = self.calibration.route_request(len(tokens), budget)
-        views = [self.calibration.adjust(w.view(tokens)) for w in candidates]
+        hashes: dict[int, list[int]] = {}  # the prompt hashed once for every candidate
+        views = [self.calibration.adjust(w.view(tokens, hashes)) for w in candidates]
         pinned = kw.get("worker")
         policy = parse_policy(f"forced:{pinned}") if pinned else self.policy
         decision = policy.choose(rr, views)

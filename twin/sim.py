@@ -88,6 +88,7 @@ def twin_case(
     run: int,
     seed: int,
     links: Links = NO_DELAY,
+    ttft_slo_s: float | None = None,
 ) -> dict[str, Any]:
     """One run of one policy, recorded like a bench run (plus the twin's own counters)."""
     base, kw = router_options(policy)
@@ -96,7 +97,7 @@ def twin_case(
     rep = replay(specs, base, arrivals, book, seed_prefix=wl.seeds_prefix, links=links, **kw)
     rates = advertised([s for s in specs if s.join_s is None] or specs)
     doc = run_record(rep.records, arrivals, book, wl, rates, [s.worker_id for s in specs],
-                     rep.decisions, rep.seeds, run, False)  # fmt: skip
+                     rep.decisions, rep.seeds, run, False, ttft_slo_s)  # fmt: skip
     doc["twin"] = {"wall_s": time.perf_counter() - t, "events": rep.events}
     return doc
 
@@ -121,7 +122,7 @@ def _group(cfg: BenchConfig, encode: Any, wl: Workload, max_active: int, links: 
     for policy in cfg.policies:
         router_policy = resolve_policy(policy, rates)
         runs = [
-            twin_case(specs, wl, book, router_policy, run, cfg.seed, links)
+            twin_case(specs, wl, book, router_policy, run, cfg.seed, links, cfg.ttft_slo_s)
             for run in range(cfg.runs)
         ]
         cases.append(

@@ -18,6 +18,9 @@ from tandem.broker.policies.views import (
     tie_break,
 )
 
+# The router's default: it won the twin's robustness suite (docs/ROUTING.md).
+DEFAULT_POLICY = "finish_time"
+
 POLICIES: dict[str, type] = {
     p.name: p for p in (PhaseCost, FinishTime, LeastTokens, CacheAware, LeastLoaded, RoundRobin)
 }
@@ -34,6 +37,7 @@ def parse_policy(spec: str) -> Policy:
 
 
 __all__ = [
+    "DEFAULT_POLICY",
     "POLICIES",
     "CacheAware",
     "LeastTokens",
