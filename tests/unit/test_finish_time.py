@@ -70,7 +70,7 @@ def _view(w: TwinWorker, max_active: int, step_tokens: int) -> WorkerView:
     )
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(40))
 def test_prediction_equals_what_the_engine_does(seed):
     rng = random.Random(seed)
     max_active, step_tokens = rng.choice([1, 3, 8]), rng.choice([16, 64, 256])
@@ -89,6 +89,18 @@ def test_prediction_equals_what_the_engine_does(seed):
     while not any(isinstance(m, p.Done) and m.request_id == "new" for m in w._out):
         w.engine.step()
     assert w.now - start == pytest.approx(predicted, rel=1e-9, abs=1e-9)
+
+
+def test_memoized_drains_give_the_same_scores():
+    """The policy memoizes the drain ahead of a new request per view; the cached
+    prefix of the new prompt is not part of it, so two prompts share one drain."""
+    base = WorkerView("gpu", 2551.0, tuple(GPU.decode_tok_s()), 4,
+                      active=(Load(0, 50), Load(30, 80)), queued=(Load(200, 40),) * 3)  # fmt: skip
+    policy = FinishTime()
+    for cached in (0, 64, 512, 0):
+        view = WorkerView(**{**base.__dict__, "cached_tokens": cached})
+        req = RouteRequest(516, 128)
+        assert policy.choose(req, [view]).scores["gpu"] == predict_finish_s(req, view)
 
 
 def test_adding_to_a_busy_gpu_costs_its_real_batch_step():
