@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from tandem.broker.admission import AdmissionConfig
 from tandem.broker.calibration import DECODE_ESTIMATES
-from tandem.broker.policies import parse_policy
+from tandem.broker.policies import DEFAULT_POLICY, parse_policy
 from tandem.common.settings import Addresses
 
 
@@ -15,7 +15,7 @@ class RouterConfig:
     """The router process's settings; `tandem router`'s options map onto these fields."""
 
     addresses: Addresses
-    policy: str = "phase_cost"
+    policy: str = DEFAULT_POLICY
     liveness_s: float = 3.0  # floor of a worker's liveness window (else 6 heartbeats)
     no_worker_wait_s: float = 30.0  # how long a request waits for a first worker
     decision_log: str | None = None

@@ -20,6 +20,8 @@ from tandem.common import protocol as p
 class Ledgered(Protocol):
     """What ``Loads`` needs of one ledger entry (``registry.Routed``)."""
 
+    tokens_seen: int  # relayed tokens: > 0 proves the request active
+
     def load(self, reported: p.RequestRow | None, queued: bool = False) -> Load: ...
 
 
@@ -36,10 +38,11 @@ class Loads:
 
     def set(self, wid: str, routed: Ledgered) -> None:
         """(Re)compute one entry: it was assigned or had tokens relayed."""
-        active = wid in self._listed_active
+        active = self.is_active(wid, routed)
         load = routed.load(self._reported.get(wid), queued=not active)
-        # Only a heartbeat moves an entry between active and queued (rebuild), so an
-        # update is in place: the entry keeps its position, as in the ledger's order.
+        # Only a rebuild moves an entry between active and queued (a heartbeat, or the
+        # first relayed tokens: see ``moves``), so an update is in place: the entry
+        # keeps its position, as in the ledger's order.
         loads = self.active if active else self.queued
         old = loads.get(wid)
         if old is not None:
@@ -48,6 +51,15 @@ class Loads:
         loads[wid] = load
         self.prefill_total += load.prefill_remaining
         self.decode_total += load.decode_remaining
+
+    def is_active(self, wid: str, routed: Ledgered) -> bool:
+        """Listed active by the last heartbeat, or proven so by relayed tokens (a
+        heartbeat older than them may still list it as queued)."""
+        return wid in self._listed_active or routed.tokens_seen > 0
+
+    def moves(self, wid: str, routed: Ledgered) -> bool:
+        """True when updating ``wid`` would move it from queued to active."""
+        return wid in self.queued and self.is_active(wid, routed)
 
     def drop(self, wid: str) -> None:
         """Forget one entry (finished, cancelled or lost)."""

@@ -46,7 +46,9 @@ class Routed:
         if reported is None:  # not in a heartbeat yet: keep what routing assumed
             return Load(self.prompt_tokens - self.cached_estimate, budget)
         prefill = reported.prefill_remaining
-        if queued:
+        if self.tokens_seen:  # it already produced tokens: its prefill is over, whatever
+            prefill = 0  # a heartbeat sent before that still says
+        elif queued:
             prefill -= self.cached_estimate
         return Load(max(0, prefill), max(0, min(reported.decode_remaining, budget)))
 
@@ -77,7 +79,10 @@ class WorkerState:
     def track(self, routed: Routed) -> None:
         """``routed`` was assigned here, or had tokens relayed."""
         self.inflight[routed.wid] = routed
-        self.loads.set(routed.wid, routed)
+        if self.loads.moves(routed.wid, routed):  # its first tokens: now active
+            self.loads.rebuild(self.inflight, self.heartbeat)
+        else:
+            self.loads.set(routed.wid, routed)
         self.version += 1
 
     def untrack(self, wid: str) -> None:
@@ -94,11 +99,16 @@ class WorkerState:
     def liveness_s(self, floor_s: float) -> float:
         return max(floor_s, 6 * self.info.heartbeat_s)
 
-    def cached_for(self, tokens: list[int]) -> int:
-        """Tokens of ``tokens`` this worker's prefix cache will match (block-exact)."""
+    def cached_for(self, tokens: list[int], hashes: dict[int, list[int]] | None = None) -> int:
+        """Tokens of ``tokens`` this worker's prefix cache will match (block-exact).
+        ``hashes``: block hashes of ``tokens`` by block size, shared between the workers
+        of one decision (filled here), so a long prompt is hashed once, not per worker."""
         bs = self.info.block_size
-        usable = (len(tokens) - 1) // bs * bs  # workers always leave >= 1 token to compute
-        return matched_tokens(block_hashes(tokens[:usable], bs), self.cache.held, bs)
+        hashes = {} if hashes is None else hashes
+        if bs not in hashes:
+            usable = (len(tokens) - 1) // bs * bs  # workers always leave >= 1 token to compute
+            hashes[bs] = block_hashes(tokens[:usable], bs)
+        return matched_tokens(hashes[bs], self.cache.held, bs)
 
     def update_steps(self, wire: dict[str, Any]) -> str | None:
         """Take a heartbeat's step model; returns what is wrong with it, if anything
@@ -119,10 +129,13 @@ class WorkerState:
             self._rates[live] = price(info.prefill_tok_s, info.decode_tok_s, info.max_active, model)
         return self._rates[live]
 
-    def view(self, tokens: list[int], live: bool = True) -> WorkerView:
+    def view(
+        self, tokens: list[int], live: bool = True, hashes: dict[int, list[int]] | None = None
+    ) -> WorkerView:
         """The policy's view of this worker for a prompt of ``tokens``, built from
         scratch: a walk of the whole ledger (the router uses ``base_view``). ``live``:
-        priced with its step-time model, else with its repaired profile alone."""
+        priced with its step-time model, else with its repaired profile alone;
+        ``hashes``: see ``cached_for``."""
         hb = self.heartbeat
         reported = {}
         listed_active: set[str] = set()
@@ -131,9 +144,13 @@ class WorkerState:
             listed_active = {r.id for r in hb.active}
         active, queued = [], []
         for wid, routed in self.inflight.items():
-            load = routed.load(reported.get(wid), queued=wid not in listed_active)
-            (active if wid in listed_active else queued).append(load)
-        return self._view(tuple(active), tuple(queued), self.cached_for(tokens), live)
+            # Tokens relayed prove a request active even if the last heartbeat (older
+            # than they are) listed it as queued.
+            is_active = wid in listed_active or routed.tokens_seen > 0
+            load = routed.load(reported.get(wid), queued=not is_active)
+            (active if is_active else queued).append(load)
+        cached = self.cached_for(tokens, hashes)
+        return self._view(tuple(active), tuple(queued), cached, live)
 
     def base_view(self, live: bool = True) -> WorkerView:
         """This worker's view before any prompt (``cached_tokens`` 0), from ``loads``:
@@ -159,6 +176,7 @@ class WorkerState:
             decode_context=rates.context,
             decode_context_s=rates.context_s,
             prefill_by_chunk=rates.prefill_by_chunk,
+            step_tokens=self.info.step_tokens,
         )
 
     def fits(self, prompt_tokens: int, max_tokens: int) -> bool:

@@ -15,9 +15,12 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from tandem.bench.workload import KINDS
+from tandem.broker.policies import DEFAULT_POLICY
+
 _DEFAULTS: dict[str, Any] = {
     "workers": (),
-    "policies": ("forced:@fastest", "phase_cost"),
+    "policies": ("forced:@fastest", DEFAULT_POLICY),
     "workload": "burst",
     "requests": (8,),
     "spacing_ms": 50.0,
@@ -32,6 +35,12 @@ _DEFAULTS: dict[str, Any] = {
     "same_prompt": False,
     "max_active": 4,
     "runs": 3,
+    "trace": "",
+    "length_scale": 16.0,
+    "output_scale": 1.0,
+    "time_scale": 1.0,
+    "limit": 0,
+    "ttft_slo_s": 2.0,
 }
 
 
@@ -50,7 +59,7 @@ def _opt(*names: str, key: str, help: str, **kw: Any) -> Any:
     multiple=True,
     help="Router policy[+static|+calibrate][+ratio]; forced:@fastest = GPU.",
 )
-@_opt("--workload", key="workload", type=click.Choice(["burst", "poisson", "onoff"]), help="Shape.")
+@_opt("--workload", key="workload", type=click.Choice(KINDS), help="Shape.")
 @_opt("--requests", key="requests", type=int, multiple=True, help="burst size (repeatable)")
 @_opt("--spacing-ms", key="spacing_ms", type=float, help="Gap between arrivals in a burst.")
 @_opt("--rate", key="rate", type=float, help="poisson: requests per second.")
@@ -63,6 +72,14 @@ def _opt(*names: str, key: str, help: str, **kw: Any) -> Any:
 @_opt("--output-tokens", key="output_tokens", type=int, help="Tokens generated per request.")
 @_opt("--same-prompt/--distinct-prompts", key="same_prompt", help="All hits send one prompt.")
 @_opt("--max-active", key="max_active", type=int, help="Active requests per worker.")
+@_opt("--trace", key="trace", type=click.Path(dir_okay=False), help="trace: Mooncake JSONL file.")
+@_opt("--length-scale", key="length_scale", type=float, help="trace: prompt lengths / this.")
+@_opt("--output-scale", key="output_scale", type=float, help="trace: output lengths / this.")
+@_opt("--time-scale", key="time_scale", type=float, help="trace: arrival times / this.")
+@_opt("--limit", key="limit", type=int, help="trace: first N requests (0: all).")
+@_opt(
+    "--ttft-slo-s", key="ttft_slo_s", type=float, help="Goodput counts requests with TTFT <= this."
+)
 @click.option("--sweep-max-active", default=None, help="Concurrency sweep, e.g. 1,2,4,8,16.")
 @_opt("--runs", key="runs", type=int, help="Runs per case (+2 when CV > 5 %).")
 @click.option("--rates", type=click.Choice(["measured", "advertised"]), default="measured",
@@ -124,6 +141,7 @@ def build_config(ctx: click.Context, opts: dict[str, Any]) -> Any:
     from tandem.bench.experiment import BenchConfig
     from tandem.bench.presets import PRESETS
     from tandem.bench.spec import parse_workers
+    from tandem.bench.trace import TraceScale
     from tandem.bench.workload import Workload
 
     v = dict(_DEFAULTS)
@@ -152,6 +170,10 @@ def build_config(ctx: click.Context, opts: dict[str, Any]) -> Any:
             prompt_tokens=v["prompt_tokens"],
             output_tokens=v["output_tokens"],
             same_prompt=v["same_prompt"],
+            trace=v["trace"],
+            trace_scale=TraceScale(
+                v["length_scale"], v["output_scale"], v["time_scale"], v["limit"]
+            ),
         )
         for n in sizes
         for hit in v["hit_mix"]
@@ -168,6 +190,7 @@ def build_config(ctx: click.Context, opts: dict[str, Any]) -> Any:
         seed=opts["rng_seed"],
         preset=opts["preset"],
         router_cpus=opts["router_cpus"],
+        ttft_slo_s=v["ttft_slo_s"],
     )
 
 

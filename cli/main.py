@@ -12,6 +12,7 @@ from tandem.cli.options import setup_logging
 from tandem.cli.profile import profile
 from tandem.cli.route import decisions, route
 from tandem.cli.serve import router, worker
+from tandem.cli.sim import sim
 from tandem.cli.top import top
 from tandem.cli.use import generate, status
 from tandem.common.settings import env_str
@@ -36,5 +37,6 @@ for command in (
     decisions,
     bench,
     keys,
+    sim,
 ):
     main.add_command(command)

@@ -31,7 +31,8 @@ R, E, W, A = RouterConfig, EngineConfig, WorkerConfig, AdmissionConfig
     envvar="TANDEM_POLICY",
     default=config_default(R, "policy"),
     show_default=True,
-    help="phase_cost | least_tokens | cache_aware | least_loaded | round_robin | forced:SEL",
+    help="finish_time | phase_cost | least_tokens | cache_aware | least_loaded | round_robin "
+    "| forced:SEL",
 )
 @field_option(R, "liveness_s", "Minimum silence before a worker is expired.")
 @field_option(R, "no_worker_wait_s", "How long a request waits for a first worker.")

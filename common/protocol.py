@@ -246,6 +246,7 @@ class Ready(Message):
     max_tokens_limit: int = 4096
     instance: str = ""  # random per process start: tells a restart from a repeated Ready
     tokenizer_hash: str = ""  # tokenizer_hash(spec); "" = not given (the spec must be)
+    step_tokens: int = 256  # the engine's per-step token budget (finish-time prediction)
 
 
 def tokenizer_hash(spec: dict[str, Any]) -> str:

@@ -106,6 +106,7 @@ def _ready(m: p.Ready) -> Problem | None:
         _within("n_ctx", m.n_ctx, 1, MAX_N_CTX),
         _within("block_size", m.block_size, 1, 4096),
         _within("max_tokens_limit", m.max_tokens_limit, 1, MAX_N_CTX),
+        _within("step_tokens", m.step_tokens, m.max_active, MAX_N_CTX),
         _within("prefill_tok_s", m.prefill_tok_s, 1e-3, MAX_RATE_TOK_S),
         _within("heartbeat_s", m.heartbeat_s, *HEARTBEAT_S),
         _within("len(decode_tok_s)", len(m.decode_tok_s), 1, m.max_active),

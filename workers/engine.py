@@ -23,6 +23,7 @@ from tandem.common.tokenizer import TokenizerSpec
 from tandem.workers.config import EngineConfig
 from tandem.workers.prefix_cache import Match, PrefixCache
 from tandem.workers.request import Request, Status
+from tandem.workers.schedule import admissible, plan_step, reservation
 from tandem.workers.steptimer import StepTimer
 
 log = logging.getLogger(__name__)
@@ -71,11 +72,13 @@ class Engine:
         emit: Callable[[p.Message], None],
         worker_id: str,
         inbox: queue.Queue[p.Message] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.backend = backend
         self.cfg = config
         self.emit = emit
         self.worker_id = worker_id
+        self.clock = clock  # the twin (twin/) drives the engine on a virtual clock
         self.inbox: queue.Queue[p.Message] = inbox if inbox is not None else queue.Queue()
         self.queue: deque[Request] = deque()
         self.active: list[Request] = []
@@ -83,8 +86,9 @@ class Engine:
         self._changed = True
         self._hb_seq = 0
         self._last_hb = 0.0
-        self._last_full = time.monotonic()
+        self._last_full = self.clock()
         self.timer = StepTimer(config.steps_every_s, config.full_resync_s)
+        self.timer.clock = self.clock  # a twin's virtual clock times its virtual steps
 
     # ------------------------------------------------------------ the loop
     def run(self, stop: threading.Event) -> None:
@@ -110,16 +114,10 @@ class Engine:
     def step(self) -> None:
         """Admit -> build batch -> run -> sample -> emit."""
         self.admit()
-        decode = [r for r in self.active if r.status is Status.DECODE]
-        budget = self.cfg.step_tokens - len(decode)
-        prefill: list[tuple[Request, int]] = []
-        for r in self.active:
-            if r.status is Status.PREFILL and budget > 0:
-                n = min(r.prefill_remaining, budget)
-                prefill.append((r, n))
-                budget -= n
-        if not decode and not prefill:
+        plan = plan_step(self.active, self.cfg.step_tokens)
+        if not plan:
             return
+        decode, prefill = plan.decode, plan.prefill
         context = sum(r.n_computed + r.n_fed for r in decode)  # KV the decode rows attend over
         self.timer.start(len(decode), context, sum(n for _, n in prefill))
         sampled = self._run(decode, prefill)
@@ -159,6 +157,7 @@ class Engine:
         if problem:
             self.emit(p.Error(problem.code, problem.message, req.id))
             return
+        req.t_arrive = self.clock()
         # A migrated stream: replay the text already sent so that held-back stop-string
         # prefixes and split UTF-8 characters continue exactly where they were.
         for token in req.prompt[len(req.prompt) - req.resumed :]:
@@ -180,7 +179,7 @@ class Engine:
         for r in self.queue:
             if r.id == request_id:
                 self.queue.remove(r)
-                r.t_done = time.monotonic()
+                r.t_done = self.clock()
                 self.emit(p.Done(r.id, FinishReason.CANCELLED, self._stats(r)))
                 self._changed = True
                 return
@@ -193,9 +192,12 @@ class Engine:
     # ------------------------------------------------------------ bookkeeping
     def can_admit(self, req: Request) -> bool:
         reserved = sum(self._reservation(r) for r in self.active)
-        return (
-            len(self.active) < self.cfg.max_active
-            and reserved + self._reservation(req) <= self.backend.n_ctx
+        return admissible(
+            len(self.active),
+            reserved,
+            self._reservation(req),
+            self.cfg.max_active,
+            self.backend.n_ctx,
         )
 
     def admit(self) -> None:
@@ -211,7 +213,7 @@ class Engine:
                     self.cache.unpin(match.entry)
             req.n_cached = req.n_computed = match.n_tokens
             req.status = Status.PREFILL
-            req.t_admit = time.monotonic()
+            req.t_admit = self.clock()
             self.active.append(req)
             self._changed = True
 
@@ -219,7 +221,7 @@ class Engine:
         """End ``req``; ``reason`` None: it failed (an Error was sent, its KV is dropped)."""
         req.status = Status.FINISHED
         req.finish_reason = reason
-        req.t_done = time.monotonic()
+        req.t_done = self.clock()
         tail = req.text.flush() if reason in (FinishReason.LENGTH, FinishReason.EOS) else ""
         if tail:
             self.emit(p.TokenDelta(req.id, [], tail))
@@ -264,7 +266,7 @@ class Engine:
         self._changed = True
         return True
 
-    def _fail(self, reqs: list[Request], code: str, message: str) -> None:
+    def _fail(self, reqs: list[Request], code: p.ErrorCode, message: str) -> None:
         for r in reqs:
             if r.status is not Status.FINISHED:
                 self.emit(p.Error(code, message, r.id))
@@ -275,7 +277,7 @@ class Engine:
             self.finish(req, FinishReason.PREFILL_ONLY)
             return
         req.status = Status.DECODE
-        req.t_first = time.monotonic()
+        req.t_first = self.clock()
 
     def _on_token(self, req: Request, token: int) -> None:
         if self.backend.is_eog(token) and not req.sampling.ignore_eos:
@@ -309,14 +311,14 @@ class Engine:
 
     @staticmethod
     def _reservation(req: Request) -> int:
-        return len(req.prompt) + req.sampling.budget
+        return reservation(len(req.prompt), req.max_tokens, req.prefill_only)
 
     def _stats(self, req: Request) -> dict[str, Any]:
         return {**req.stats(), "worker": self.worker_id}
 
     # ------------------------------------------------------------ heartbeats
     def maybe_heartbeat(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if now - self._last_full >= self.cfg.full_resync_s:
             self.cache.log.request_full()  # heals any delta the router silently lost
             self._last_full = now

@@ -89,6 +89,7 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
         max_tokens_limit=cfg.engine.max_tokens_limit,
         instance=uuid.uuid4().hex,
         tokenizer_hash=p.tokenizer_hash(spec),
+        step_tokens=cfg.engine.step_tokens,
     )
     inbox: queue.Queue[p.Message] = queue.Queue()
     from tandem.common.auth import peer_setup

@@ -62,6 +62,10 @@ class Request:
         return self.sampling.prefill_only
 
     @property
+    def decoding(self) -> bool:
+        return self.status is Status.DECODE
+
+    @property
     def prefill_remaining(self) -> int:
         return len(self.prompt) - self.n_computed
 

@@ -36,6 +36,7 @@ class WorkerView:
     decode_context: float = 0.0  # context tokens per row at which decode_rates hold
     decode_context_s: float = 0.0  # extra step seconds per context token per decoding row
     prefill_by_chunk: tuple[tuple[int, float], ...] = ()  # (chunk bucket tokens, tok/s) measured
+    step_tokens: int = 256  # the worker's per-step token budget (Ready.step_tokens)
 
     # Cached per view: the router reuses a view across decisions until the worker changes.
     @cached_property

@@ -15,7 +15,7 @@ fi
 # tandem is not installed there (no index to build it with): make the checkout
 # importable as `tandem.*` by linking each room into the package root, as the
 # package-dir mapping of pyproject.toml does for an install.
-for room in bench broker cli client common launcher workers; do
+for room in bench broker cli client common gateway launcher twin workers; do
   ln -sfn "$root/$room" "$root/tandem/$room"
 done
 export PYTHONPATH="/tmp/site:$root${PYTHONPATH:+:$PYTHONPATH}"

@@ -151,8 +151,9 @@ def sim_cluster(tmp_path: Path, model: Path) -> Iterator[tuple[Cluster, Path]]:
         WorkerSpec(wid, ["--backend", "sim", "--profile", str(prof), "--max-active", "4"])
         for wid, prof in (("gpu", GPU_PROFILE), ("cpu", CPU_PROFILE))
     ]
-    # Static prices: the test checks scores against the profiles' own numbers.
-    router = ["--decision-log", str(log), "--no-calibrate"]
+    # Static prices and phase_cost: the test checks scores against the profiles' own
+    # numbers through phase_cost's formula.
+    router = ["--decision-log", str(log), "--no-calibrate", "--policy", "phase_cost"]
     with Cluster(workers, router, log_dir=tmp_path) as c:
         yield c, log
 

@@ -117,6 +117,18 @@ def test_queued_request_keeps_its_cache_estimate(h: Harness) -> None:
 
 
 # ------------------------------------------------------------ reconciliation
+def test_relayed_tokens_prove_a_request_active_despite_an_older_heartbeat(h: Harness) -> None:
+    h.add_worker("a", (100.0, [50.0]))
+    h.submit("r0", prompt(0))
+    wid = h.assigned("a").request_id
+    h.heartbeat("a", 1, queued=[row(wid, 64, 0, 64, 32)])  # sent before its admission
+    assert h.view("a", prompt(1)).queued == (Load(64, 32),)
+    h.workers["a"].send(p.TokenDelta(wid, [1, 2], "x"))  # it is decoding already
+    h.pump()
+    v = h.view("a", prompt(1))
+    assert v.active == (Load(0, 30),) and v.queued == ()
+
+
 def test_relayed_tokens_and_done_reconcile_with_heartbeats(h: Harness) -> None:
     h.add_worker("a", (100.0, [50.0]))
     h.submit("r0", prompt(0))

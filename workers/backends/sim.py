@@ -42,6 +42,7 @@ import json
 import logging
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -130,6 +131,18 @@ class SimProfile:
         return [b / self.step_s(b) for b in range(1, len(self.decode_step_s) + 1)]
 
 
+def sampled(
+    decode: list[Request], prefill: list[tuple[Request, int]], token: Callable[[int, int], int]
+) -> dict[str, int]:
+    """The ids one step yields: every decode row's next token and the first token of each
+    prefill that reaches its end in this step; ``token(slot, position)`` picks an id."""
+    out = {r.id: token(r.slot, r.resumed + len(r.output)) for r in decode}
+    for r, n in prefill:
+        if r.n_computed + n == len(r.prompt) and not r.prefill_only:
+            out[r.id] = token(r.slot, r.resumed)  # a migrated stream goes on where it was
+    return out
+
+
 class SimBackend:
     """The Backend interface of workers/engine.py, played back from a SimProfile."""
 
@@ -206,11 +219,7 @@ class SimBackend:
             time.sleep(self._free_at - now)
         self._idle = False
         self.busy_s += cost_s
-        out = {r.id: self._token(r.slot, r.resumed + len(r.output)) for r in decode}
-        for r, n in prefill:
-            if r.n_computed + n == len(r.prompt) and not r.prefill_only:
-                out[r.id] = self._token(r.slot, r.resumed)
-        return out
+        return sampled(decode, prefill, self._token)
 
     def _token(self, seed: int, position: int) -> int:
         """A deterministic, never end-of-generation id for output ``position``."""
