@@ -55,6 +55,7 @@ class Router:
     pending: deque[ClientRequest] = field(default_factory=deque)  # waiting for any worker
     tokenizer: TextTokenizer | None = None
     model: str | None = None
+    weights: str = ""  # the first worker's weights digest ("" unknown)
 
     def __post_init__(self) -> None:
         self.policy = parse_policy(self.cfg.policy)
@@ -267,7 +268,7 @@ class Router:
             log.warning("worker %s sent unexpected %s", w.id, msg.TYPE)
 
     def register(self, identity: bytes, ready: p.Ready) -> None:
-        problem = ready_problem(ready, self.model, have_tokenizer=self.tokenizer is not None)
+        problem = ready_problem(ready, self.model, self.tokenizer is not None, self.weights)
         if problem:
             log.error("refusing worker %s: %s", ready.worker_id, problem)
             self.worker_sock.send(identity, p.Error(p.BAD_REQUEST, problem))
@@ -281,6 +282,7 @@ class Router:
         if self.tokenizer is None:
             self.tokenizer = TextTokenizer(TokenizerSpec.from_wire(ready.tokenizer))
             self.model = ready.model
+            self.weights = ready.weights
         self.workers[ready.worker_id] = WorkerState(identity, ready)
         self._by_identity[identity] = ready.worker_id
         self.calibration.register(ready.worker_id, ready.prefill_tok_s, ready.decode_tok_s)

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Union
 
 import msgpack
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: Ready.weights
 
 # Error codes carried by Error.code (documented in docs/PROTOCOL.md).
 BAD_FRAME = "bad_frame"  # not msgpack / not a map / unknown type
@@ -180,6 +180,7 @@ class Ready(Message):
     tokenizer: dict[str, Any]  # common.tokenizer.TokenizerSpec.to_wire()
     max_tokens_limit: int = 4096
     instance: str = ""  # random per process start: tells a restart from a repeated Ready
+    weights: str = ""  # digest of the weights (common.gguf_file.weights_digest); "" unknown
 
 
 @dataclass

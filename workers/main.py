@@ -65,6 +65,7 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
         tokenizer=backend.tokenizer_spec.to_wire(),
         max_tokens_limit=cfg.engine.max_tokens_limit,
         instance=uuid.uuid4().hex,
+        weights=backend.weights_digest,
     )
     inbox: queue.Queue[p.Message] = queue.Queue()
     link = WorkerLink(cfg.router, ready, inbox)

@@ -34,6 +34,8 @@ EXAMPLES = [
     p.Goodbye("w"),
 ]
 
+V = p.PROTOCOL_VERSION
+
 
 def test_every_message_type_has_an_example():
     assert {type(m) for m in EXAMPLES} == set(p.MESSAGE_TYPES.values())
@@ -45,13 +47,13 @@ def test_round_trip(msg):
 
 
 def test_integers_are_accepted_where_floats_are_expected():
-    frame = msgpack.packb({"v": 1, "type": "submit", "request_id": "r", "prompt": "x", "top_p": 1})
+    frame = msgpack.packb({"v": V, "type": "submit", "request_id": "r", "prompt": "x", "top_p": 1})
     msg = p.decode(frame)
     assert isinstance(msg, p.Submit) and msg.top_p == 1.0 and isinstance(msg.top_p, float)
 
 
 def _frame(**body):
-    return msgpack.packb({"v": p.PROTOCOL_VERSION, **body})
+    return msgpack.packb({"v": V, **body})
 
 
 @pytest.mark.parametrize(
@@ -60,7 +62,7 @@ def _frame(**body):
         (b"\xc1", p.BAD_FRAME, "msgpack"),
         (msgpack.packb("a string"), p.BAD_FRAME, "map"),
         (msgpack.packb({"type": "hello"}), p.VERSION_MISMATCH, "version"),
-        (msgpack.packb({"v": 2, "type": "hello"}), p.VERSION_MISMATCH, "version"),
+        (msgpack.packb({"v": V + 1, "type": "hello"}), p.VERSION_MISMATCH, "version"),
         (_frame(type="warp"), p.BAD_FRAME, "unknown message type"),
         (_frame(type=7), p.BAD_FRAME, "unknown message type"),
         (_frame(type="cancel"), p.BAD_REQUEST, "missing field 'request_id'"),
@@ -82,7 +84,7 @@ def test_rejections_carry_a_code_and_a_clear_message(frame, code, needle):
 def test_non_string_keys_are_rejected():
     for key in (b"request_id", 1):
         with pytest.raises(p.ProtocolError) as info:
-            p.decode(msgpack.packb({"v": 1, "type": "cancel", key: "r"}, use_bin_type=True))
+            p.decode(msgpack.packb({"v": V, "type": "cancel", key: "r"}, use_bin_type=True))
         assert info.value.code == p.BAD_FRAME
 
 
@@ -119,7 +121,7 @@ json_values = st.recursive(
 )
 def test_arbitrary_maps_decode_to_valid_messages_or_raise_protocol_error(tag, body):
     try:
-        msg = p.decode(msgpack.packb({**body, "v": p.PROTOCOL_VERSION, "type": tag}))
+        msg = p.decode(msgpack.packb({**body, "v": V, "type": tag}))
     except p.ProtocolError:
         return
     for f in dataclasses.fields(msg):  # a decoded message always re-encodes
