@@ -37,19 +37,21 @@ def quantize(src: Path, out: Path, ftype: int) -> Path:
     return out
 
 
-def mlx_row(path: Path, ids: list[int], requant: bool, n_decode: int) -> dict[str, Any]:
+def mlx_row(path: Path, ids: list[int], requant: int | None, n_decode: int) -> dict[str, Any]:
+    """requant: None keeps float16, 0 the file's bits, else that many bits."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
     from tandem.workers.backends.mlx import gguf
 
-    keep = gguf.requantize
-    if not requant:
-        gguf.requantize = lambda weights, types: weights  # type: ignore[assignment]
+    keep_fn, keep_bits = gguf.requantize, gguf.REQUANT_BITS_DEFAULT
+    if requant is None:
+        gguf.requantize = lambda weights, types, bits: weights  # type: ignore[assignment]
+    gguf.REQUANT_BITS_DEFAULT = requant or None
     try:
         model, _, _ = gguf.convert_gguf(path)
     finally:
-        gguf.requantize = keep
+        gguf.requantize, gguf.REQUANT_BITS_DEFAULT = keep_fn, keep_bits
     logits = np.array(model(mx.array([ids]))[0].astype(mx.float32))
     param_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     tok_s = _decode_rate(model, ids, n_decode)
@@ -84,7 +86,9 @@ def main() -> None:
           f"{len(ids)} tokens, llama.cpp NLL {mean_nll(ref, ids):.4f}\n")  # fmt: skip
     print("| MLX load | weights MB | decode tok/s | NLL | NLL vs llama.cpp | top-1 agree |")
     print("|---|---|---|---|---|---|")
-    for name, requant in (("re-quantized (default)", True), ("float16 as mx.load gives", False)):
+    ways = (("re-quantized, the file's bits", 0), ("re-quantized, 8 bits (default)", 8),
+            ("float16", None))  # fmt: skip
+    for name, requant in ways:
         row = mlx_row(out, ids, requant, args.tokens)
         nll = mean_nll(row["logits"], ids)
         top1 = float(np.mean(row["logits"].argmax(-1) == ref.argmax(-1)))

@@ -119,6 +119,24 @@ def test_batched_decode_equals_each_request_alone(shaped) -> None:
     h.assert_released()
 
 
+def test_a_k_quant_mix_loads_and_matches_llama_cpp(folder: Path) -> None:
+    """Q4_K_M as llama.cpp writes it: rows of 64 are no multiple of 256, so it falls
+    back to Q5_0/Q5_1/Q8_0, which mx.load cannot read: the gguf dequantizer path."""
+    from tandem.bench.requant import quantize
+    from tandem.workers.backends.mlx.gguf import convert_gguf
+
+    src = write_shaped_model(SHAPES["tiny"], folder / "tiny.gguf")
+    path = quantize(src, folder / "tiny-q4_k_m.gguf", ftype=15)
+    model, spec, config = convert_gguf(path)
+    assert config["quantization"]["bits"] == 8
+    ids = TextTokenizer(spec).encode(PARITY_TEXT)
+    ref = llama_ref.llama_logits(path, ids)
+    ours = np.array(model(mx.array([ids]))[0].astype(mx.float32))
+    assert float(np.mean(ours.argmax(-1) == ref.argmax(-1))) >= 0.90
+    nll_mlx, nll_ref = llama_ref.mean_nll(ours, ids), llama_ref.mean_nll(ref, ids)
+    assert abs(nll_mlx - nll_ref) / nll_ref < 0.02
+
+
 def test_gemma2_context_is_capped_at_its_sliding_window(folder: Path) -> None:
     path = write_shaped_model(SHAPES["tiny-gemma2"], folder / "tiny-gemma2.gguf")
     backend = MlxBackend(path, n_ctx=8192, device="cpu")
