@@ -2,6 +2,7 @@
 
     python -m tandem.bench.shaped_model qwen2.5-0.5b /tmp/qwen2.5-0.5b-shaped.gguf
     python -m tandem.bench.shaped_model tiny-phi3 /tmp/tiny-phi3.gguf
+    python -m tandem.bench.shaped_model qwen2.5-0.5b OUT.gguf --vocab qwen2  # Qwen's tokenizer
 
 Where the model itself cannot be downloaded, its speed can still be measured:
 what a forward pass costs depends on the shapes (hidden size, layers, heads, KV
@@ -18,6 +19,7 @@ with such a model must ignore EOS (tandem bench does).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,8 +199,12 @@ def main() -> None:
     ap.add_argument("shape", choices=sorted(SHAPES))
     ap.add_argument("out", type=Path)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocab", help="llama.cpp vocabulary to use instead (e.g. qwen2)")
     args = ap.parse_args()
-    path = write_shaped_model(SHAPES[args.shape], args.out, seed=args.seed)
+    shape = SHAPES[args.shape]
+    if args.vocab:
+        shape = dataclasses.replace(shape, tokenizer=VocabSource(args.vocab))
+    path = write_shaped_model(shape, args.out, seed=args.seed)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.0f} MB)")
 
 
