@@ -26,7 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from tandem.bench.shaped_vocab import GEMMA_VOCAB, MISTRAL_TEMPLATE, VocabSource, tokenizer_kv
+from tandem.bench.shaped_vocab import (
+    GEMMA_VOCAB,
+    LLAMA3_TEMPLATE,
+    MISTRAL_TEMPLATE,
+    VocabSource,
+    tokenizer_kv,
+)
 
 Q8_0_BLOCK = 32  # weights per Q8_0 block: one float16 scale, 32 int8 values
 ARCHS = ("llama", "qwen2", "phi3", "gemma", "gemma2")
@@ -71,7 +77,11 @@ SHAPES = {
     # Llama 3.1 scales wavelengths past 8192 tokens; the miniature past 256, so that
     # positions within a short test prompt already depend on the scaled frequencies.
     "tiny-llama3": Shape(
-        **_TINY, rope_base=5e5, llama3_rope=256, tied=False, tokenizer=VocabSource("llama-bpe")
+        **_TINY,
+        rope_base=5e5,
+        llama3_rope=256,
+        tied=False,
+        tokenizer=VocabSource("llama-bpe", LLAMA3_TEMPLATE),
     ),  # fmt: skip
     "tiny-mistral": Shape(
         **_TINY, tied=False, rms_eps=1e-5, tokenizer=VocabSource("llama-spm", MISTRAL_TEMPLATE)

@@ -25,6 +25,13 @@ MISTRAL_TEMPLATE = (
     "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
     "{% endif %}{% endfor %}"
 )
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+    " + message['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
+    "{% endif %}"
+)
 GEMMA_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
     "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
