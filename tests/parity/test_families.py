@@ -137,8 +137,9 @@ def test_a_k_quant_mix_loads_and_matches_llama_cpp(folder: Path) -> None:
     assert abs(nll_mlx - nll_ref) / nll_ref < 0.02
 
 
-def test_gemma2_context_is_capped_at_its_sliding_window(folder: Path) -> None:
+def test_gemma2_context_is_capped_at_its_sliding_window(folder: Path, monkeypatch) -> None:
     path = write_shaped_model(SHAPES["tiny-gemma2"], folder / "tiny-gemma2.gguf")
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(folder / "cache"))  # not the user's cache
     backend = MlxBackend(path, n_ctx=8192, device="cpu")
     assert backend.n_ctx == 4096
 
