@@ -221,10 +221,20 @@ def _rounded(x: float | None) -> float | None:
     return None if x is None else round(x, 2)
 
 
-def ready_problem(ready: p.Ready, model: str | None, have_tokenizer: bool) -> p.Problem | None:
-    """Why the router refuses this Ready (``model``: the one it already serves), or None."""
+def ready_problem(
+    ready: p.Ready, model: str | None, have_tokenizer: bool, weights: str = ""
+) -> p.Problem | None:
+    """Why the router refuses this Ready (``model`` / ``weights``: the name and weights
+    digest it already serves), or None. Digests decide when both sides have one, so a
+    GGUF and its converted MLX folder match while two files named alike do not."""
     bad = p.Problem.bad_request
-    if model is not None and ready.model != model:
+    if model is not None and weights and ready.weights:
+        if ready.weights != weights:
+            return bad(
+                f"different weights: this router serves {model!r} (weights {weights}); "
+                f"worker has {ready.model!r} (weights {ready.weights})"
+            )
+    elif model is not None and ready.model != model:
         return bad(f"this router serves {model!r}; worker has {ready.model!r}")
     if ready.max_active < 1 or ready.n_ctx < 1 or ready.block_size < 1:
         return bad("max_active, n_ctx and block_size must be >= 1")

@@ -47,6 +47,7 @@ class Router:
     pending: deque[ClientRequest] = field(default_factory=deque)  # waiting for any worker
     tokenizer: TextTokenizer | None = None
     model: str | None = None
+    weights: str = ""  # the first worker's weights digest ("" unknown)
 
     def __post_init__(self) -> None:
         self.policy = parse_policy(self.cfg.policy)
@@ -342,7 +343,7 @@ class Router:
         if self.tokenizer is None and not ready.tokenizer and ready.tokenizer_hash:
             self.worker_sock.send(identity, p.Reregister(tokenizer=True))  # send us the spec
             return
-        problem = ready_problem(ready, self.model, have_tokenizer=self.tokenizer is not None)
+        problem = ready_problem(ready, self.model, self.tokenizer is not None, self.weights)
         if problem:
             log.error("refusing worker %s: %s", ready.worker_id, problem.message)
             self.worker_sock.send(identity, p.Error(problem.code, problem.message))
@@ -351,6 +352,7 @@ class Router:
             self.tokenizer = TextTokenizer(TokenizerSpec.from_wire(ready.tokenizer))
             self.tokenizer_hash = ready.tokenizer_hash or p.tokenizer_hash(ready.tokenizer)
             self.model = ready.model
+            self.weights = ready.weights
         elif ready.tokenizer_hash and ready.tokenizer_hash != self.tokenizer_hash:
             log.warning("worker %s names another tokenizer than the router's (same model %s)",
                         ready.worker_id, ready.model)  # fmt: skip

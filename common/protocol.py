@@ -247,6 +247,7 @@ class Ready(Message):
     instance: str = ""  # random per process start: tells a restart from a repeated Ready
     tokenizer_hash: str = ""  # tokenizer_hash(spec); "" = not given (the spec must be)
     step_tokens: int = 256  # the engine's per-step token budget (finish-time prediction)
+    weights: str = ""  # digest of the weights (common.gguf_file.weights_digest); "" unknown
 
 
 def tokenizer_hash(spec: dict[str, Any]) -> str:

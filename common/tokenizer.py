@@ -19,8 +19,9 @@ from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer
 
+from tandem.common.bpe import LLAMA3_PRES, bpe_tokenizer
 from tandem.common.gguf_file import read_gguf_header
 from tandem.common.spm import build_spm_tokenizer
 
@@ -47,22 +48,7 @@ EOG_TEXTS = frozenset({
 })
 # fmt: on
 
-# Pre-tokenizer names from `tokenizer.ggml.pre`, grouped by the regexes llama.cpp
-# applies (llama-vocab.cpp, llm_tokenizer_bpe). Regexes are the HF originals.
-_DIGITS_GPT2 = frozenset(
-    {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"}
-)
-_GPT2 = frozenset({"gpt-2", "gpt2", "phi-2", "mpt", "olmo", "jais", "jina-es", "jina-de"})
-_LLAMA3 = frozenset(
-    {"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "dbrx", "smaug-bpe", "lfm2"}
-)
-_QWEN2 = frozenset({"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"})
-_LLAMA3_RE = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_RE = _LLAMA3_RE.replace(r"\p{N}{1,3}", r"\p{N}")
-_ADD_BOS_BY_DEFAULT = _LLAMA3 | {"tekken", "chameleon"}
+_ADD_BOS_BY_DEFAULT = LLAMA3_PRES | {"tekken", "chameleon"}
 
 
 @dataclass(frozen=True)
@@ -155,7 +141,7 @@ def _spec_from_gguf_cached(path: str, mtime_ns: int) -> TokenizerSpec:
     bos_id = meta.get("tokenizer.ggml.bos_token_id")
     add_bos = meta.get("tokenizer.ggml.add_bos_token")
     if model == "gpt2":
-        tok = _bpe_tokenizer(tokens, meta.get("tokenizer.ggml.merges"), pre)
+        tok = bpe_tokenizer(tokens, meta.get("tokenizer.ggml.merges"), pre)
         if add_bos is None:
             add_bos = pre in _ADD_BOS_BY_DEFAULT
     elif model == "llama":
@@ -194,37 +180,6 @@ class GgufMeta:
     def get(self, key: str) -> Any:
         """The value of `key` (lists for arrays), or None when absent."""
         return self.header.kv.get(key)
-
-
-def _pre_tokenizer(pre: str) -> tuple[Any, bool]:
-    """(HF pre-tokenizer, ignore_merges) matching llama.cpp's splitting for `pre`."""
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in _DIGITS_GPT2:
-        # llama.cpp splits every digit apart before the GPT-2 regex.
-        digits = pre_tokenizers.Digits(individual_digits=True)
-        return pre_tokenizers.Sequence([digits, byte_level]), False
-    if pre in _LLAMA3 or pre in _QWEN2:
-        regex = _LLAMA3_RE if pre in _LLAMA3 else _QWEN2_RE
-        split = pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False)
-        raw_bytes = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-        return pre_tokenizers.Sequence([split, raw_bytes]), pre in _LLAMA3
-    if pre not in _GPT2:
-        log.warning("unknown GGUF pre-tokenizer %r: using GPT-2 ByteLevel; ids may differ", pre)
-    return byte_level, False
-
-
-def _bpe_tokenizer(tokens: list[str], merges: list[str], pre: str) -> Tokenizer:
-    """An HF tokenizer for a GPT-2 style byte-level BPE vocabulary (no added tokens yet)."""
-    vocab: dict[str, int] = {}
-    for i, text in enumerate(tokens):
-        # As llama.cpp's loader: empty texts get a placeholder, a duplicate's last id wins.
-        vocab[text or f"[EMPTY_{i}]"] = i
-    pairs = [(a, b) for a, _, b in (m.partition(" ") for m in merges or [])]
-    pre_tok, ignore_merges = _pre_tokenizer(pre)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges))
-    tok.pre_tokenizer = pre_tok
-    tok.decoder = decoders.ByteLevel()
-    return tok
 
 
 def _rstrip_ids(name: str | None, tokens: list[str], types: list[int]) -> frozenset[int]:
@@ -299,11 +254,15 @@ class TextTokenizer:
         bos = self._token_text(self.spec.bos_id)
         eos = self._token_text(self.spec.eos_ids[0] if self.spec.eos_ids else None)
         try:
-            return self._template.render(
+            text = self._template.render(
                 messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos
             )
         except jinja2.TemplateError as e:
             raise ValueError(f"chat template failed: {e}") from e
+        if self.spec.add_bos and bos and text.startswith(bos):
+            # encode() adds BOS itself; llama.cpp drops the template's copy likewise.
+            text = text[len(bos) :]
+        return text
 
     def _token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else (self._tok.id_to_token(token_id) or "")

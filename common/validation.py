@@ -102,6 +102,7 @@ def _ready(m: p.Ready) -> Problem | None:
         _id_problem("worker_id", m.worker_id),
         *(_id_problem(k, getattr(m, k)) for k in ("backend", "device", "model")),
         _id_problem("instance", m.instance, required=False),
+        _id_problem("weights", m.weights, required=False),
         _within("max_active", m.max_active, 1, MAX_ACTIVE),
         _within("n_ctx", m.n_ctx, 1, MAX_N_CTX),
         _within("block_size", m.block_size, 1, 4096),

@@ -39,6 +39,7 @@ class Backend(Protocol):
     name: str  # "llama.cpp", "mlx", "sim"
     device: str  # label shown to users and matched by forced:<selector>
     model_name: str
+    weights_digest: str  # common.gguf_file.weights_digest of the served weights ("" unknown)
     n_ctx: int  # KV cells shared by all sequences
     vocab_size: int
     tokenizer_spec: TokenizerSpec

@@ -90,6 +90,7 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
         instance=uuid.uuid4().hex,
         tokenizer_hash=p.tokenizer_hash(spec),
         step_tokens=cfg.engine.step_tokens,
+        weights=backend.weights_digest,
     )
     inbox: queue.Queue[p.Message] = queue.Queue()
     from tandem.common.auth import peer_setup

@@ -16,7 +16,7 @@ pytest.importorskip("mlx_lm")
 from tandem.common.model_files import default_model_path  # noqa: E402
 from tandem.common.tokenizer import TextTokenizer  # noqa: E402
 from tandem.workers.backends.mlx import model as mlx_model  # noqa: E402
-from tandem.workers.backends.mlx.gguf import unpermute_rows  # noqa: E402
+from tandem.workers.backends.mlx.arch.llama import unpermute_rows  # noqa: E402
 from tandem.workers.backends.mlx.model import gguf_cache_path, load_mlx_model, make_tiny_model  # noqa: E402
 from tests.parity.llama_ref import llama_logits, mean_nll  # noqa: E402
 

@@ -12,6 +12,8 @@ from tests.helpers import needs_llama
 
 pytestmark = [needs_llama, pytest.mark.model]
 
+V = p.PROTOCOL_VERSION
+
 
 def _raw(addr: str, frame: bytes, timeout_ms: int = 5000) -> p.Message:
     sock = zmq.Context.instance().socket(zmq.DEALER)

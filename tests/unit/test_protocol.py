@@ -39,6 +39,8 @@ EXAMPLES = [
     p.Goodbye("w"),
 ]
 
+V = p.PROTOCOL_VERSION
+
 
 def test_every_message_type_has_an_example():
     assert {type(m) for m in EXAMPLES} == set(p.MESSAGE_TYPES.values())
@@ -93,7 +95,7 @@ OLD = p.PROTOCOL_VERSION - 1  # an older peer
 
 
 def _frame(**body):
-    return msgpack.packb({"v": p.PROTOCOL_VERSION, **body})
+    return msgpack.packb({"v": V, **body})
 
 
 @pytest.mark.parametrize(
@@ -166,7 +168,7 @@ json_values = st.recursive(
 )
 def test_arbitrary_maps_decode_to_valid_messages_or_raise_protocol_error(tag, body):
     try:
-        msg = p.decode(msgpack.packb({**body, "v": p.PROTOCOL_VERSION, "type": tag}))
+        msg = p.decode(msgpack.packb({**body, "v": V, "type": tag}))
     except p.ProtocolError:
         return
     for f in dataclasses.fields(msg):  # a decoded message always re-encodes

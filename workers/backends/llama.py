@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import llama_cpp as L
 
+from tandem.common.gguf_file import weights_digest
 from tandem.common.tokenizer import TokenizerSpec, tokenizer_spec_from_gguf
 from tandem.workers.engine import KVFull
 from tandem.workers.prefix_cache import Match
@@ -100,6 +101,7 @@ class LlamaBackend:
         self.batch_cap = step_tokens
         self.device = device
         self.model_name = self.model_path.name
+        self.weights_digest = weights_digest(self.model_path)
         self.threads = threads
         self.tokenizer_spec: TokenizerSpec = tokenizer_spec_from_gguf(self.model_path)
         self._pieces: dict[int, bytes] = {}

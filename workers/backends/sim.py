@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tandem.common.gguf_file import weights_digest
 from tandem.common.tokenizer import TokenizerSpec, piece_table, tokenizer_spec_from_gguf
 from tandem.workers.prefix_cache import Match
 from tandem.workers.request import Request
@@ -164,6 +165,7 @@ class SimBackend:
         model_path = Path(model) if model else default_model_path()
         # The real model's name and tokenizer: the sim joins a router serving that model.
         self.model_name = model_path.name
+        self.weights_digest = weights_digest(model_path)
         self.n_ctx = n_ctx
         self.tokenizer_spec: TokenizerSpec = tokenizer_spec_from_gguf(model_path)
         self._pieces = piece_table(self.tokenizer_spec)
