@@ -108,6 +108,13 @@ for s in "$@"; do
              --out "$out/pin-$mode-$i"
         done
       done ;;
+    proof)  # the seed 48-burst, pinned, policies interleaved per run (RUNSP runs) at
+      # GPU max active GPU_MAX: forced:gpu, least_loaded and the default policy
+      stage "proof-${GPU_MAX:-16}" 560 $PY -m tandem bench --preset seed --requests 48 \
+         --worker "$CPU:cpus=0-9" --worker "$GPU:cpus=10-11:max_active=${GPU_MAX:-16}" \
+         --router-cpus 12 --cpus 13-15 --policy forced:gpu --policy least_loaded \
+         --policy finish_time --runs "${RUNSP:-3}" --rates advertised --no-progress \
+         --out "$out/proof-${GPU_MAX:-16}" ;;
     *) echo "unknown stage $s" >&2 ;;
   esac
 done
