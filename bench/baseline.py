@@ -5,7 +5,7 @@ Measures, in one run on one machine:
 - aggregate decode tok/s at 1 and 4 concurrent requests, through tandem and
   through a raw low-level llama.cpp loop with the same threads and KV mode.
 
-    python -m bench.baseline --threads 2 --out docs/results/baseline-cpu.md
+    python -m tandem.bench.baseline --threads 2 --out docs/results/baseline-cpu.md
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 
 from tandem.client import AsyncClient
 from tandem.common.model_files import default_model_path
+from tandem.common.protocol import SamplingParams
 from tandem.common.tokenizer import TextTokenizer, tokenizer_spec_from_gguf
 from tandem.launcher.cluster import Cluster, WorkerSpec
 
@@ -82,7 +83,9 @@ def engine_decode_tok_s(
     try:
         engine = Engine(backend, EngineConfig(), lambda msg: None, "bench")
         for i in range(batch):
-            engine.submit(Request(f"r{i}", prompt + [i], n_out, ignore_eos=True))
+            engine.submit(
+                Request(f"r{i}", prompt + [i], SamplingParams(max_tokens=n_out, ignore_eos=True))
+            )
         engine.step()  # every prompt's prefill (they fit one step) and first tokens
         t0 = time.perf_counter()
         while engine.active or engine.queue:
@@ -161,7 +164,7 @@ def _report(med, rows, threads, n_out, n_prompt, n_cached) -> str:  # noqa: ANN0
             f"Machine: {platform.processor() or platform.machine()}, {threads} threads; "
             f"model SmolLM2-135M-Instruct Q4_1; unified KV; median of {len(rows['cold'])} runs "
             "(all runs in parentheses). Command: "
-            f"`python -m bench.baseline --threads {threads} --n-out {n_out}`.",
+            f"`python -m tandem.bench.baseline --threads {threads} --n-out {n_out}`.",
             "",
             "| measure | value |",
             "| --- | --- |",

@@ -112,17 +112,20 @@ async def run_arrivals(
     t0 = loop.time() + LEAD_S
     recs = [RequestRecord(a.index, f"bench-{a.index}", a.hit, t0 + a.offset_s) for a in arrivals]
 
-    async def one(ac: TimedClient, rec: RequestRecord, prompt: list[int]) -> None:
+    async def one(ac: TimedClient, rec: RequestRecord, prompt: list[int], n_out: int) -> None:
         await asyncio.sleep(max(0.0, rec.scheduled_s - loop.time()))
-        await ac.timed(
-            rec, prompt, max_tokens=max_tokens, ignore_eos=True, request_id=rec.request_id
-        )
+        await ac.timed(rec, prompt, max_tokens=n_out, ignore_eos=True, request_id=rec.request_id)
         if on_done is not None:
             on_done(rec)
 
     ac = TimedClient(address, timeout_s=timeout_s)
     try:
-        await asyncio.gather(*[one(ac, r, p) for r, p in zip(recs, prompts, strict=True)])
+        await asyncio.gather(
+            *[
+                one(ac, r, p, a.output_tokens or max_tokens)
+                for r, p, a in zip(recs, prompts, arrivals, strict=True)
+            ]
+        )
     finally:
         await ac.close()
     return recs

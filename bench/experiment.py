@@ -13,7 +13,6 @@ keeps what it measured.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,7 +22,7 @@ from typing import Any
 
 from tandem.bench import stats
 from tandem.bench.calibrate import advertised_rates, measure_rates, to_worker_rates
-from tandem.bench.driver import run_arrivals, seed_workers
+from tandem.bench.driver import RequestRecord, run_arrivals, seed_workers
 from tandem.bench.oracle import Job, oracle_bound
 from tandem.bench.records import decisions_json, record_json
 from tandem.bench.spec import WorkerArg
@@ -32,6 +31,7 @@ from tandem.broker.decisions import read_decisions
 from tandem.launcher.cluster import Cluster, WorkerSpec
 
 RATE_SOURCES = ("measured", "advertised")
+ORACLE_MAX_JOBS = 400  # longer runs (traces) get no oracle bound
 # A simulated CPU's prefill step lasts up to 3.5 s (256 tokens at 73 tok/s); the
 # router's default 3 s liveness once expired such a worker mid-seed. Expiry is not
 # what the bench measures, so it gets a wider margin.
@@ -59,7 +59,7 @@ def router_policy_args(policy: str) -> list[str]:
     return flags
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BenchConfig:
     workers: tuple[WorkerArg, ...]
     workloads: tuple[Workload, ...]
@@ -73,6 +73,8 @@ class BenchConfig:
     timeout_s: float = 900.0  # silence tolerated per request (a forced-CPU queue is long)
     heartbeat_s: float = 0.5
     preset: str | None = None
+    router_cpus: str | None = None  # `tandem router --cpus`: keep it off the workers' cores
+    ttft_slo_s: float = 2.0  # goodput: requests whose first token came within this
 
     def __post_init__(self) -> None:
         if not self.workers or not self.workloads or not self.policies:
@@ -81,6 +83,8 @@ class BenchConfig:
             raise ValueError("runs and max_active must be >= 1")
         if self.rates not in RATE_SOURCES:
             raise ValueError(f"rates must be one of {RATE_SOURCES}")
+        if self.ttft_slo_s <= 0:
+            raise ValueError("ttft_slo_s must be > 0")
         if self.transport not in ("ipc", "tcp"):
             raise ValueError("transport must be ipc or tcp")
         for policy in self.policies:
@@ -97,13 +101,14 @@ class BenchConfig:
             "transport": self.transport,
             "seed": self.seed,
             "preset": self.preset,
+            "ttft_slo_s": self.ttft_slo_s,
             "cv_rule": {"headline": list(stats.HEADLINE), "limit": stats.CV_LIMIT},
         }
 
 
 def n_ctx_for(wl: Workload, max_active: int) -> int:
     """KV cells: every active request's prompt + output, plus the prefix cache's budget."""
-    need = max_active * (wl.prompt_tokens + wl.output_tokens) + 4096
+    need = max_active * wl.max_request_tokens() + 4096
     return max(8192, -(-need // 1024) * 1024)
 
 
@@ -128,27 +133,7 @@ def running_cluster(
         cl.start()
         yield cl
     finally:
-        stop_fast(cl, [s.worker_id for s in specs])
         cl.__exit__(None, None, None)
-
-
-def stop_fast(cl: Cluster, worker_ids: list[str], grace_s: float = 1.5) -> None:
-    """SIGTERM the workers, give them ``grace_s`` together, SIGKILL the rest.
-
-    Why not Cluster.stop alone: it waits 10 s per process, and a worker whose
-    heartbeat lands after its I/O thread closed the pipe never exits on SIGTERM
-    (workers/io.py, reported), which cost ~10-20 s per cluster.
-    """
-    procs = [cl.procs[w] for w in worker_ids if w in cl.procs]
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:  # stuck, see above
-            proc.kill()
-            proc.wait(timeout=5)
 
 
 class Bench:
@@ -159,6 +144,9 @@ class Bench:
         self.encode = encode
         self.doc = doc
         self.ids = [w.worker_id for w in cfg.workers]
+
+    def router_pinning(self) -> list[str]:
+        return ["--cpus", self.cfg.router_cpus] if self.cfg.router_cpus else []
 
     def active_of(self, w: WorkerArg, max_active: int) -> int:
         """A spec's own max_active always wins: a sweep varies the workers that name none
@@ -179,7 +167,8 @@ class Bench:
     def calibrate(self, wl: Workload, max_active: int) -> dict[str, Any]:
         """Advertised and (unless rates=advertised) measured rates of every worker."""
         book = PromptBook(self.encode, wl)
-        router = ["--policy", "least_loaded", *ROUTER_ARGS]  # calibration requests are pinned
+        # calibration requests are pinned to their worker: least_loaded only breaks ties
+        router = ["--policy", "least_loaded", *ROUTER_ARGS, *self.router_pinning()]
         with running_cluster(self.specs(wl, max_active), router, self.cfg.transport) as cl:
             with cl.client() as c:
                 advertised = advertised_rates(c.status().workers)
@@ -202,30 +191,55 @@ class Bench:
         with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:
             log = Path(tmp) / "decisions.jsonl"
             router = [*router_policy_args(policy), "--decision-log", str(log), *ROUTER_ARGS]
+            router += self.router_pinning()
             with running_cluster(self.specs(wl, max_active), router, self.cfg.transport) as cl:
-                seeds = asyncio.run(seed_workers(cl.client_addr, self.ids, book.prefix, 600.0))
+                seeds = (
+                    asyncio.run(seed_workers(cl.client_addr, self.ids, book.prefix, 600.0))
+                    if wl.seeds_prefix
+                    else {}
+                )
                 recs = asyncio.run(
                     run_arrivals(
                         cl.client_addr, arrivals, book, wl.output_tokens, self.cfg.timeout_s
                     )
                 )
             decisions = list(read_decisions(log)) if log.exists() else []
-        t0 = min(r.submit_s for r in recs)
-        jobs = [
-            Job(
-                r.submit_s,
-                len(book.prompt(a)) - int(r.stats.get("cached_tokens", 0)),
-                wl.output_tokens,
-            )
-            for r, a in zip(recs, arrivals, strict=True)
-        ]
-        oracle = oracle_bound(jobs, to_worker_rates(rates))
-        return {
-            "run": run,
-            "metrics": stats.run_metrics(recs, self.ids),
-            "oracle": {"makespan_s": oracle.makespan_s, "requests": oracle.requests}
-            | {"exact": oracle.exact},
-            "seed_prefill_s": {w: s.get("prefill_s") for w, s in seeds.items()},
-            "decisions": decisions_json(decisions, {r.request_id for r in recs}),
-            "records": [record_json(r, t0, self.cfg.keep_token_times) for r in recs],
-        }
+        return run_record(recs, arrivals, book, wl, rates, self.ids, decisions, seeds,
+                          run, self.cfg.keep_token_times, self.cfg.ttft_slo_s)  # fmt: skip
+
+
+def run_record(
+    recs: list[RequestRecord],
+    arrivals: list[Arrival],
+    book: PromptBook,
+    wl: Workload,
+    rates: dict,
+    worker_ids: list[str],
+    decisions: list[dict[str, Any]],
+    seeds: dict[str, dict[str, Any]],
+    run: int,
+    keep_token_times: bool,
+    ttft_slo_s: float | None = None,
+) -> dict[str, Any]:
+    """One run's whole record from what the client saw (the bench's and the twin's)."""
+    t0 = min(r.submit_s for r in recs)
+    jobs = [
+        Job(
+            r.submit_s,
+            max(1, len(book.prompt(a)) - int(r.stats.get("cached_tokens", 0))),
+            a.output_tokens,
+        )
+        for r, a in zip(recs, arrivals, strict=True)
+    ]
+    # The bound's search grows with requests x workers: a long trace would take hours.
+    oracle = oracle_bound(jobs, to_worker_rates(rates)) if len(jobs) <= ORACLE_MAX_JOBS else None
+    return {
+        "run": run,
+        "metrics": stats.run_metrics(recs, worker_ids, ttft_slo_s),
+        "oracle": None
+        if oracle is None
+        else {"makespan_s": oracle.makespan_s, "requests": oracle.requests, "exact": oracle.exact},
+        "seed_prefill_s": {w: s.get("prefill_s") for w, s in seeds.items()},
+        "decisions": decisions_json(decisions, {r.request_id for r in recs}),
+        "records": [record_json(r, t0, keep_token_times) for r in recs],
+    }

@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 _COLORS = {"queue": "#bbbbbb", "prefill": "#e8871e", "decode": "#2b6cb0"}
 DPI = 90
+TIMELINE_MAX_REQUESTS = 300
 
 
 def slug(text: str) -> str:
@@ -31,7 +32,8 @@ def make_plots(doc: dict[str, Any], out_dir: Path) -> list[Path]:
     for group in doc["groups"]:
         files.append(cdf_plot(group, out_dir / f"{slug(group['label'])}-cdf.png"))
         for case in group["cases"]:
-            if case["runs"]:
+            # One bar per request: past a few hundred the figure is unreadable (and huge).
+            if case["runs"] and len(case["runs"][0]["records"]) <= TIMELINE_MAX_REQUESTS:
                 name = f"{slug(group['label'])}-{slug(case['router_policy'])}-timeline.png"
                 files.append(timeline_plot(group, case, out_dir / name))
     if len({g["max_active"] for g in doc["groups"]}) > 1:

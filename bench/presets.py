@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from tandem.broker.policies import DEFAULT_POLICY
+
 PRESETS: dict[str, dict[str, Any]] = {
     "seed": {
         "workers": ("sim:cpu-m2", "sim:gpu-m2"),
-        "policies": ("forced:@fastest", "phase_cost"),
+        "policies": ("forced:@fastest", DEFAULT_POLICY),
         "workload": "burst",
         "requests": (8, 48),
         "spacing_ms": 50.0,

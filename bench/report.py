@@ -8,8 +8,9 @@ from typing import Any
 from tandem.bench.plots import slug
 from tandem.bench.spec import parse_worker
 from tandem.bench.stats import summarize_runs
+from tandem.broker.policies import DEFAULT_POLICY
 
-_PHASE = "phase_cost"
+_DEFAULT = DEFAULT_POLICY
 
 
 def _ms(s: dict[str, Any], key: str, scale: float = 1.0, digits: int = 2) -> str:
@@ -76,15 +77,53 @@ def results_table(group: dict[str, Any]) -> list[str]:
     return lines
 
 
+def latency_table(group: dict[str, Any], slo_s: float | None) -> list[str]:
+    """Open-loop view per policy: TTFT and end-to-end mean / p50 / p99, goodput."""
+    slo = f"TTFT <= {slo_s:g} s" if slo_s else "TTFT SLO"
+    lines = [
+        "| policy | TTFT mean s | TTFT p50 s | TTFT p99 s | e2e mean s | e2e p50 s | e2e p99 s "
+        f"| goodput ({slo}) | goodput req/s |",
+        "|" + " --- |" * 9,
+    ]
+    for c in group["cases"]:
+        s = _summary(c)
+        cells = [_ms(s, f"{m}.{q}") for m in ("ttft_s", "e2e_s") for q in ("mean", "p50", "p99")]
+        frac = s.get("goodput_fraction")
+        good = f"{100 * frac['mean']:.1f} %" if frac else "-"
+        lines.append(
+            f"| {c['router_policy']} | " + " | ".join(cells) + f" | {good} | "
+            f"{_ms(s, 'goodput_rps')} |"
+        )
+    return lines
+
+
+def _workload_line(wl: dict[str, Any], active: str, rates: str) -> str:
+    if wl["kind"] == "trace":
+        sc = wl["trace_scale"]
+        return (
+            f"trace `{wl['trace']}`: prompt lengths / {sc['length_scale']:g} (each 512-token "
+            f"block -> {max(1, round(512 / sc['length_scale']))} tokens, sharing kept), outputs "
+            f"/ {sc['output_scale']:g}, arrival times / {sc['time_scale']:g}"
+            + (f", first {sc['limit']} requests" if sc["limit"] else "")
+            + f"; no seeded prefix; max active per worker: {active}; oracle from {rates} rates."
+        )
+    return (
+        f"{wl['kind']}; {wl['prompt_tokens']}-token prompts, {wl['prefix_tokens']} of them the "
+        f"seeded prefix for {100 * wl['hit_fraction']:.0f} % of requests; "
+        f"{wl['output_tokens']} output tokens (EOS ignored); max active per worker: "
+        f"{active}; oracle from {rates} rates."
+    )
+
+
 def headline(group: dict[str, Any]) -> str | None:
-    """phase_cost against the first policy, the best other policy and the oracle."""
+    """The default policy against the first policy, the best other policy and the oracle."""
     cases = {c["router_policy"]: c for c in group["cases"]}
-    pc = cases.get(_PHASE)
+    pc = cases.get(_DEFAULT)
     if not pc or not _summary(pc):
         return None
     first = group["cases"][0]
     others = [c for c in group["cases"] if c is not pc and _summary(c)]
-    parts = [f"phase_cost makespan {_mean(pc, 'makespan_s'):.2f} s"]
+    parts = [f"{_DEFAULT} makespan {_mean(pc, 'makespan_s'):.2f} s"]
     if first is not pc:
         parts.append(
             f"{_pct(_mean(pc, 'makespan_s'), _mean(first, 'makespan_s'))} vs "
@@ -96,7 +135,8 @@ def headline(group: dict[str, Any]) -> str | None:
             f"{_pct(_mean(pc, 'makespan_s'), _mean(best, 'makespan_s'))} vs the best other "
             f"policy ({best['router_policy']}, {_mean(best, 'makespan_s'):.2f} s)"
         )
-    parts.append(f"{_mean(pc, 'vs_oracle'):.2f}x the oracle bound")
+    if _mean(pc, "vs_oracle"):
+        parts.append(f"{_mean(pc, 'vs_oracle'):.2f}x the oracle bound")
     return "; ".join(parts) + "."
 
 
@@ -114,7 +154,7 @@ def placement_lines(group: dict[str, Any]) -> list[str]:
                 text += f" ({minority}: #{', #'.join(map(str, idx))})"
             runs.append(text)
         out.append(f"- {c['router_policy']}: " + "; ".join(runs))
-    if group["cases"] and group["cases"][0]["runs"]:
+    if group["cases"] and group["cases"][0]["runs"] and group["cases"][0]["runs"][0]["oracle"]:
         oracle = group["cases"][0]["runs"][0]["oracle"]["requests"]
         out.append(f"- oracle's best assignment (run 1): {oracle}")
     return out
@@ -191,16 +231,13 @@ def render_report(doc: dict[str, Any], plots: list[str]) -> str:
     for group in doc["groups"]:
         wl = group["workload"]
         lines += ["", f"## {group['label']}", ""]
-        lines.append(
-            f"{wl['kind']}; {wl['prompt_tokens']}-token prompts, {wl['prefix_tokens']} of them the "
-            f"seeded prefix for {100 * wl['hit_fraction']:.0f} % of requests; "
-            f"{wl['output_tokens']} output tokens (EOS ignored); max active per worker: "
-            f"{_active(cfg, group)}; oracle from {_rate_source(group)} rates."
-        )
+        lines.append(_workload_line(wl, _active(cfg, group), _rate_source(group)))
         hl = headline(group)
         if hl:
             lines += ["", f"**{hl}**"]
-        lines += ["", *results_table(group), "", "Rates (tok/s):", "", *rates_table(group)]
+        lines += ["", *results_table(group), ""]
+        lines += [*latency_table(group, cfg.get("ttft_slo_s")), ""]
+        lines += ["Rates (tok/s):", "", *rates_table(group)]
         lines += ["", "Placement per run:", "", *placement_lines(group), ""]
         prefix = slug(group["label"]) + "-"
         lines += [f"![{p}]({p})" for p in plots if p.startswith(prefix)]

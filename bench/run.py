@@ -64,17 +64,22 @@ def save(doc: dict[str, Any], out_dir: Path) -> Path:
     return path
 
 
-def run_bench(cfg: BenchConfig, out_dir: Path, command: str, progress: bool = True) -> dict:
-    """Run everything ``cfg`` names; write result.json, report.md and plots to ``out_dir``."""
-    doc: dict[str, Any] = {
+def new_doc(cfg: BenchConfig, command: str, **machine: Any) -> dict[str, Any]:
+    """An empty result document: what ran, where and when; groups come as they finish."""
+    return {
         "version": 1,
         "command": command,
-        "machine": machine_info(),
+        "machine": machine_info() | machine,
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "config": cfg.to_json(),
         "groups": [],
         "complete": False,
     }
+
+
+def run_bench(cfg: BenchConfig, out_dir: Path, command: str, progress: bool = True) -> dict:
+    """Run everything ``cfg`` names; write result.json, report.md and plots to ``out_dir``."""
+    doc = new_doc(cfg, command)
     bench = Bench(cfg, make_encoder(cfg), doc)
     groups = [(m, wl) for m in cfg.max_active for wl in cfg.workloads]
     total = len(groups) * len(cfg.policies) * cfg.runs
@@ -85,6 +90,11 @@ def run_bench(cfg: BenchConfig, out_dir: Path, command: str, progress: bool = Tr
             doc["groups"].append(_run_group(bench, wl, max_active, bar, out_dir))
     finally:
         bar.close()
+    return finish_doc(doc, out_dir, t_start)
+
+
+def finish_doc(doc: dict[str, Any], out_dir: Path, t_start: float) -> dict[str, Any]:
+    """Mark ``doc`` complete (``t_start``: its monotonic start) and write every output."""
     doc["complete"] = True
     doc["wall_s"] = time.monotonic() - t_start
     save(doc, out_dir)

@@ -68,8 +68,12 @@ def needs_more_runs(runs: Sequence[dict[str, Any]], keys: Iterable[str] = HEADLI
     return False
 
 
-def run_metrics(records: Sequence[RequestRecord], worker_ids: Sequence[str]) -> dict[str, Any]:
-    """Everything measured in one run, from the client-side records."""
+def run_metrics(
+    records: Sequence[RequestRecord], worker_ids: Sequence[str], ttft_slo_s: float | None = None
+) -> dict[str, Any]:
+    """Everything measured in one run, from the client-side records. With ``ttft_slo_s``
+    also goodput: the requests that completed with their first token within the SLO
+    (as a fraction of all requests, and per second of makespan)."""
     ok = [r for r in records if r.error is None and r.token_s]
     t_first = min((r.submit_s for r in records), default=0.0)
     t_last = max((r.token_s[-1] for r in ok), default=t_first)
@@ -80,7 +84,14 @@ def run_metrics(records: Sequence[RequestRecord], worker_ids: Sequence[str]) -> 
         row = per_worker.setdefault(r.worker or "?", {"requests": 0, "output_tokens": 0})
         row["requests"] += 1
         row["output_tokens"] += r.output_tokens
-    return {
+    good = {}
+    if ttft_slo_s is not None:
+        n_good = sum(1 for r in ok if r.token_s[0] - r.submit_s <= ttft_slo_s)
+        good = {
+            "goodput_fraction": n_good / len(records) if records else None,
+            "goodput_rps": n_good / makespan if makespan > 0 else None,
+        }
+    return good | {
         "requests": len(records),
         "completed": len(ok),
         "errors": len(records) - len(ok),

@@ -6,7 +6,10 @@ prompt starts with the prefix seeded into every worker):
 - ``burst``: ``requests`` arrivals ``spacing_s`` apart (the article's protocol);
 - ``poisson``: exponential gaps at ``rate_rps`` for ``duration_s``;
 - ``onoff``: ``bursts`` bursts of ``requests`` arrivals ``spacing_s`` apart,
-  separated by ``gap_s`` of silence (spiky traffic).
+  separated by ``gap_s`` of silence (spiky traffic);
+- ``trace``: a recorded trace (Mooncake JSONL, bench/trace.py): its arrival
+  times, prompt and output lengths and shared prefix blocks, scaled down. No
+  prefix is seeded: sharing comes from the trace itself.
 
 Prompts are token ids, not text, so their lengths are exact: a hit is the
 prefix plus a short tail, a miss a prompt of the same length that shares no
@@ -19,9 +22,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-KINDS = ("burst", "poisson", "onoff")
+from tandem.bench.trace import TraceRequest, TraceScale, load_trace, trace_prompt
+
+KINDS = ("burst", "poisson", "onoff", "trace")
 
 
 @dataclass(frozen=True)
@@ -31,9 +37,11 @@ class Arrival:
     index: int
     offset_s: float
     hit: bool
+    output_tokens: int = 128
+    trace: TraceRequest | None = None  # a trace workload's request (its prompt's blocks)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Workload:
     kind: str = "burst"
     requests: int = 8  # burst: total; onoff: per burst
@@ -47,6 +55,8 @@ class Workload:
     prompt_tokens: int = 516
     output_tokens: int = 128
     same_prompt: bool = False  # every hit sends the identical prompt (the seed protocol)
+    trace: str = ""  # trace: the JSONL file
+    trace_scale: TraceScale = TraceScale()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -61,10 +71,33 @@ class Workload:
             raise ValueError("hit_fraction must be in [0, 1]")
         if not 1 <= self.prefix_tokens < self.prompt_tokens:
             raise ValueError("need 1 <= prefix_tokens < prompt_tokens (a hit adds a tail)")
+        if (self.kind == "trace") != bool(self.trace):
+            raise ValueError("a trace file goes with --workload trace, and only with it")
+
+    @property
+    def seeds_prefix(self) -> bool:
+        """Whether runs start with the prefix seeded into every worker (not for traces)."""
+        return self.kind != "trace"
+
+    def max_request_tokens(self) -> int:
+        """The longest prompt + output of any request (sizes each worker's KV cells)."""
+        if self.kind != "trace":
+            return self.prompt_tokens + self.output_tokens
+        return max(r.prompt_tokens + r.output_tokens for r in self._trace())
+
+    def _trace(self) -> tuple[TraceRequest, ...]:
+        return load_trace(self.trace, self.trace_scale)
 
     @property
     def label(self) -> str:
         """A short human name, also used in file names."""
+        if self.kind == "trace":
+            sc = self.trace_scale
+            limit = f"-n{sc.limit}" if sc.limit else ""
+            return (
+                f"trace-{Path(self.trace).stem}-len{sc.length_scale:g}x-out{sc.output_scale:g}x"
+                f"-time{sc.time_scale:g}x{limit}"
+            )
         if self.kind == "burst":
             shape = f"burst{self.requests}"
         elif self.kind == "poisson":
@@ -76,13 +109,22 @@ class Workload:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Workload:
+        return cls(**{**doc, "trace_scale": TraceScale(**doc.get("trace_scale", {}))})
+
     def arrivals(self, seed: int) -> list[Arrival]:
         """The schedule for one run; deterministic in (self, seed)."""
+        if self.kind == "trace":
+            return [
+                Arrival(i, r.offset_s, False, r.output_tokens, r)
+                for i, r in enumerate(self._trace())
+            ]
         rng = random.Random(f"{self.label}/{seed}")
         offsets = self._offsets(rng)
         n_hit = round(self.hit_fraction * len(offsets))
         hits = set(rng.sample(range(len(offsets)), n_hit))
-        return [Arrival(i, t, i in hits) for i, t in enumerate(offsets)]
+        return [Arrival(i, t, i in hits, self.output_tokens) for i, t in enumerate(offsets)]
 
     def _offsets(self, rng: random.Random) -> list[float]:
         if self.kind == "burst":
@@ -113,7 +155,10 @@ class PromptBook:
         self._encode = encode
 
     def prompt(self, a: Arrival) -> list[int]:
-        """The prompt of arrival ``a`` (a hit: prefix + tail; a miss: unrelated text)."""
+        """The prompt of arrival ``a`` (a hit: prefix + tail; a miss: unrelated text;
+        a trace request: its scaled blocks)."""
+        if a.trace is not None:
+            return trace_prompt(a.trace, self.w.trace_scale, a.index)
         n_tail = self.w.prompt_tokens - self.w.prefix_tokens
         tag = 0 if self.w.same_prompt else a.index
         if a.hit:

@@ -9,12 +9,14 @@ import threading
 import zmq
 
 from tandem.broker.router import Router, RouterConfig
+from tandem.common.affinity import pin
 
 log = logging.getLogger(__name__)
 
 
 def run_router(cfg: RouterConfig, stop: threading.Event | None = None) -> int:
     stop = stop or threading.Event()
+    pin(cfg.cpus)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())

@@ -27,6 +27,7 @@ from prometheus_client import (
 )
 
 from tandem.broker.policies import Decision, RouteRequest, WorkerView
+from tandem.broker.pricing import Rates
 from tandem.broker.registry import WorkerState
 
 log = logging.getLogger(__name__)
@@ -125,11 +126,11 @@ class RouterMetrics:
         self.g_kv_usage = gauge("kv_usage_ratio", "kv_used_tokens / kv_capacity_tokens.")
         self.g_blocks = gauge("cached_blocks", "Prefix blocks the worker advertises.")
         self.g_prefill = gauge(
-            "prefill_tokens_per_second", "Prefill rate: advertised or calibrated.", "source"
+            "prefill_tokens_per_second", "Prefill rate: advertised or priced.", "source"
         )
         self.g_decode = gauge(
             "decode_tokens_per_second",
-            "Aggregate decode rate at a batch size: advertised or calibrated.",
+            "Aggregate decode rate at a batch size: advertised or priced.",
             "source",
             "batch",
         )
@@ -208,8 +209,8 @@ class RouterMetrics:
     def on_rejected(self, source: str, code: str) -> None:
         self.rejected.labels(source, code).inc()
 
-    def on_heartbeat(self, w: WorkerState, rates: dict[str, Any]) -> None:
-        """Per-worker gauges from a heartbeat; ``rates``: the calibration's status fields."""
+    def on_heartbeat(self, w: WorkerState, priced: Rates) -> None:
+        """Per-worker gauges from a heartbeat; ``priced``: the rates routing uses now."""
         hb, wid = w.heartbeat, w.id
         if hb is None:
             return
@@ -222,9 +223,7 @@ class RouterMetrics:
         self.g_kv_usage.labels(wid).set(hb.kv_used_tokens / cap if cap else 0.0)
         self.g_blocks.labels(wid).set(len(w.cache.held))
         self._rates(wid, "advertised", w.info.prefill_tok_s, list(w.info.decode_tok_s))
-        if rates:
-            prefill, decode = rates["calibrated_prefill_tok_s"], rates["calibrated_decode_tok_s"]
-            self._rates(wid, "calibrated", prefill, decode)
+        self._rates(wid, "priced", priced.prefill_tok_s, list(priced.decode_tok_s))
 
     def _rates(self, wid: str, source: str, prefill: float, decode: list[float]) -> None:
         self.g_prefill.labels(wid, source).set(prefill)

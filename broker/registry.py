@@ -9,14 +9,17 @@ therefore do not all see the same stale state.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.broker.calibration import PROGRESS_EVERY, PROGRESS_FIRST
+from tandem.broker.loads import Loads
 from tandem.broker.policies import Load, WorkerView
+from tandem.broker.pricing import Rates, price
 from tandem.common import protocol as p
 from tandem.common.blocks import CacheView, block_hashes, matched_tokens
+from tandem.common.steptime import StepModel
 from tandem.common.tokenizer import TokenizerSpec
 
 
@@ -31,17 +34,8 @@ class Routed:
     cached_estimate: int
     prefill_only: bool
     tokens_seen: int = 0
-    next_sample: int = PROGRESS_FIRST  # relayed tokens at which calibration samples it next
 
-    def relayed(self, n_tokens: int) -> bool:
-        """Count ``n_tokens`` relayed; True when calibration should sample it now."""
-        self.tokens_seen += n_tokens
-        if self.tokens_seen < self.next_sample:
-            return False
-        self.next_sample = self.tokens_seen + PROGRESS_EVERY
-        return True
-
-    def load(self, reported: dict[str, Any] | None, queued: bool = False) -> Load:
+    def load(self, reported: p.RequestRow | None, queued: bool = False) -> Load:
         """This request's remaining work: the heartbeat's numbers, or the ledger's.
 
         ``queued``: the heartbeat lists it as queued. The worker matches its prefix
@@ -51,10 +45,12 @@ class Routed:
         budget = 0 if self.prefill_only else self.max_tokens - self.tokens_seen
         if reported is None:  # not in a heartbeat yet: keep what routing assumed
             return Load(self.prompt_tokens - self.cached_estimate, budget)
-        prefill = int(reported.get("prefill_remaining", 0))
-        if queued:
+        prefill = reported.prefill_remaining
+        if self.tokens_seen:  # it already produced tokens: its prefill is over, whatever
+            prefill = 0  # a heartbeat sent before that still says
+        elif queued:
             prefill -= self.cached_estimate
-        return Load(max(0, prefill), max(0, min(int(reported.get("decode_remaining", 0)), budget)))
+        return Load(max(0, prefill), max(0, min(reported.decode_remaining, budget)))
 
 
 @dataclass
@@ -66,41 +62,121 @@ class WorkerState:
     cache: CacheView = field(default_factory=CacheView)
     inflight: dict[str, Routed] = field(default_factory=dict)  # by worker-side id
     routed_total: int = 0
+    # Bumped by the router whenever anything base_view() reads changes (an assign,
+    # relayed tokens, a heartbeat, a finish, a new step model): broker/ledger.py
+    # caches views by it.
+    version: int = 0
+    loads: Loads = field(default_factory=Loads)  # the ledger as Loads, kept by the router
+    steps: StepModel | None = None  # the worker's live step-time model, last one received
+    _rates: dict[bool, Rates] = field(default_factory=dict)  # by "live": dropped on new steps
 
     @property
     def id(self) -> str:
         return self.info.worker_id
 
+    # ------------------------------------------------------------ ledger events
+    # Each keeps ``loads`` current and bumps ``version`` (cached views key on it).
+    def track(self, routed: Routed) -> None:
+        """``routed`` was assigned here, or had tokens relayed."""
+        self.inflight[routed.wid] = routed
+        if self.loads.moves(routed.wid, routed):  # its first tokens: now active
+            self.loads.rebuild(self.inflight, self.heartbeat)
+        else:
+            self.loads.set(routed.wid, routed)
+        self.version += 1
+
+    def untrack(self, wid: str) -> None:
+        """``wid`` finished, was cancelled or lost."""
+        self.inflight.pop(wid, None)
+        self.loads.drop(wid)
+        self.version += 1
+
+    def on_heartbeat(self, hb: p.Heartbeat) -> None:
+        self.heartbeat = hb
+        self.loads.rebuild(self.inflight, hb)
+        self.version += 1
+
     def liveness_s(self, floor_s: float) -> float:
         return max(floor_s, 6 * self.info.heartbeat_s)
 
-    def cached_for(self, tokens: list[int]) -> int:
-        """Tokens of ``tokens`` this worker's prefix cache will match (block-exact)."""
+    def cached_for(self, tokens: list[int], hashes: dict[int, list[int]] | None = None) -> int:
+        """Tokens of ``tokens`` this worker's prefix cache will match (block-exact).
+        ``hashes``: block hashes of ``tokens`` by block size, shared between the workers
+        of one decision (filled here), so a long prompt is hashed once, not per worker."""
         bs = self.info.block_size
-        usable = (len(tokens) - 1) // bs * bs  # workers always leave >= 1 token to compute
-        return matched_tokens(block_hashes(tokens[:usable], bs), self.cache.held, bs)
+        hashes = {} if hashes is None else hashes
+        if bs not in hashes:
+            usable = (len(tokens) - 1) // bs * bs  # workers always leave >= 1 token to compute
+            hashes[bs] = block_hashes(tokens[:usable], bs)
+        return matched_tokens(hashes[bs], self.cache.held, bs)
 
-    def view(self, tokens: list[int]) -> WorkerView:
-        """The policy's view of this worker for a prompt of ``tokens``."""
+    def update_steps(self, wire: dict[str, Any]) -> str | None:
+        """Take a heartbeat's step model; returns what is wrong with it, if anything
+        (then the last good model stays)."""
+        try:
+            self.steps = StepModel.from_wire(wire)
+        except ValueError as exc:
+            return str(exc)
+        self._rates.clear()
+        self.version += 1
+        return None
+
+    def rates(self, live: bool = True) -> Rates:
+        """Prices: the profile repaired, with the live step model when ``live``."""
+        if live not in self._rates:
+            info = self.info
+            model = self.steps if live else None
+            self._rates[live] = price(info.prefill_tok_s, info.decode_tok_s, info.max_active, model)
+        return self._rates[live]
+
+    def view(
+        self, tokens: list[int], live: bool = True, hashes: dict[int, list[int]] | None = None
+    ) -> WorkerView:
+        """The policy's view of this worker for a prompt of ``tokens``, built from
+        scratch: a walk of the whole ledger (the router uses ``base_view``). ``live``:
+        priced with its step-time model, else with its repaired profile alone;
+        ``hashes``: see ``cached_for``."""
         hb = self.heartbeat
         reported = {}
         listed_active: set[str] = set()
         if hb is not None:
-            reported = {r.get("id"): r for r in hb.active + hb.queued}
-            listed_active = {r.get("id") for r in hb.active}
+            reported = {r.id: r for r in hb.active + hb.queued}
+            listed_active = {r.id for r in hb.active}
         active, queued = [], []
         for wid, routed in self.inflight.items():
-            load = routed.load(reported.get(wid), queued=wid not in listed_active)
-            (active if wid in listed_active else queued).append(load)
+            # Tokens relayed prove a request active even if the last heartbeat (older
+            # than they are) listed it as queued.
+            is_active = wid in listed_active or routed.tokens_seen > 0
+            load = routed.load(reported.get(wid), queued=not is_active)
+            (active if is_active else queued).append(load)
+        cached = self.cached_for(tokens, hashes)
+        return self._view(tuple(active), tuple(queued), cached, live)
+
+    def base_view(self, live: bool = True) -> WorkerView:
+        """This worker's view before any prompt (``cached_tokens`` 0), from ``loads``:
+        no walk of the ledger, totals included."""
+        loads = self.loads
+        view = self._view(tuple(loads.active.values()), tuple(loads.queued.values()), 0, live)
+        view.__dict__["backlog"] = (loads.prefill_total, loads.decode_total)
+        return view
+
+    def _view(
+        self, active: tuple[Load, ...], queued: tuple[Load, ...], cached: int, live: bool
+    ) -> WorkerView:
+        rates = self.rates(live)
         return WorkerView(
             id=self.id,
-            prefill_rate=self.info.prefill_tok_s,
-            decode_rates=tuple(self.info.decode_tok_s),
+            prefill_rate=rates.prefill_tok_s,
+            decode_rates=rates.decode_tok_s,
             max_active=self.info.max_active,
             device=self.info.device,
-            cached_tokens=self.cached_for(tokens),
-            active=tuple(active),
-            queued=tuple(queued),
+            cached_tokens=cached,
+            active=active,
+            queued=queued,
+            decode_context=rates.context,
+            decode_context_s=rates.context_s,
+            prefill_by_chunk=rates.prefill_by_chunk,
+            step_tokens=self.info.step_tokens,
         )
 
     def fits(self, prompt_tokens: int, max_tokens: int) -> bool:
@@ -109,9 +185,10 @@ class WorkerState:
             and max_tokens <= self.info.max_tokens_limit
         )
 
-    def describe(self) -> dict[str, Any]:
-        """One row of `tandem status`."""
+    def describe(self, live: bool = True) -> dict[str, Any]:
+        """One row of `tandem status`: the profile, the live model, what routing prices."""
         hb = self.heartbeat
+        rates = self.rates(live)
         return {
             "id": self.id,
             "backend": self.info.backend,
@@ -128,22 +205,46 @@ class WorkerState:
             "block_size": self.info.block_size,
             "prefill_tok_s": self.info.prefill_tok_s,
             "decode_tok_s": list(self.info.decode_tok_s),
+            "live_prefill_tok_s": _rounded(rates.live_prefill_tok_s),
+            "live_decode_tok_s": [_rounded(x) for x in rates.live_decode_tok_s],
+            "live_decode_samples": list(rates.live_decode_samples),
+            "live_context_tokens": round(rates.context, 1),
+            "priced_prefill_tok_s": round(rates.prefill_tok_s, 2),
+            "priced_decode_tok_s": [round(x, 2) for x in rates.decode_tok_s],
+            "profile_repaired": list(rates.repaired),
             "last_seen_s": round(time.monotonic() - self.last_seen, 3),
-            "requests": hb.active + hb.queued if hb else [],
+            "requests": [dataclasses.asdict(r) for r in hb.active + hb.queued] if hb else [],
         }
 
 
-def ready_problem(ready: p.Ready, model: str | None, have_tokenizer: bool) -> str | None:
-    """Why the router refuses this Ready (``model``: the one it already serves), or None."""
-    if model is not None and ready.model != model:
-        return f"this router serves {model!r}; worker has {ready.model!r}"
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
+
+
+def ready_problem(
+    ready: p.Ready, model: str | None, have_tokenizer: bool, weights: str = ""
+) -> p.Problem | None:
+    """Why the router refuses this Ready (``model`` / ``weights``: the name and weights
+    digest it already serves), or None. Digests decide when both sides have one, so a
+    GGUF and its converted MLX folder match while two files named alike do not."""
+    bad = p.Problem.bad_request
+    if model is not None and weights and ready.weights:
+        if ready.weights != weights:
+            return bad(
+                f"different weights: this router serves {model!r} (weights {weights}); "
+                f"worker has {ready.model!r} (weights {ready.weights})"
+            )
+    elif model is not None and ready.model != model:
+        return bad(f"this router serves {model!r}; worker has {ready.model!r}")
     if ready.max_active < 1 or ready.n_ctx < 1 or ready.block_size < 1:
-        return "max_active, n_ctx and block_size must be >= 1"
+        return bad("max_active, n_ctx and block_size must be >= 1")
     if ready.prefill_tok_s <= 0 or not ready.decode_tok_s or min(ready.decode_tok_s) <= 0:
-        return "rates must be positive"
+        return bad("rates must be positive")
     if not have_tokenizer:  # the first worker's tokenizer becomes the router's
         try:
             TokenizerSpec.from_wire(ready.tokenizer)
         except (ValueError, KeyError, TypeError) as exc:
-            return f"unusable tokenizer: {exc}"
+            return bad(f"unusable tokenizer: {exc}")
+        if ready.tokenizer_hash and p.tokenizer_hash(ready.tokenizer) != ready.tokenizer_hash:
+            return bad("tokenizer_hash does not match the tokenizer sent with it")
     return None

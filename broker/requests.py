@@ -2,40 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.common import protocol as p
 from tandem.common.tokenizer import TextTokenizer
 
-MAX_STOP_STRINGS = 16
 MAX_REROUTES = 2  # a request that killed two workers is not sent to a third
+SEED_SPACE = 2**64
 
 
-def validate_submit(msg: p.Submit) -> str | None:
-    """A human-readable problem with ``msg``, or None when it can be routed."""
+def validate_submit(msg: p.Submit) -> p.Problem | None:
+    """What keeps ``msg`` from being routed, or None."""
     given = [x is not None for x in (msg.prompt, msg.tokens, msg.messages)]
     if sum(given) != 1:
-        return "give exactly one of prompt, tokens or messages"
+        return p.Problem.bad_request("give exactly one of prompt, tokens or messages")
     if not msg.request_id:
-        return "request_id must be a non-empty string"
+        return p.Problem.bad_request("request_id must be a non-empty string")
     if msg.prompt is not None and not msg.prompt:
-        return "the prompt is empty"
+        return p.Problem.bad_request("the prompt is empty")
     if msg.tokens is not None and not msg.tokens:
-        return "tokens is empty"
+        return p.Problem.bad_request("tokens is empty")
     if msg.messages is not None and not msg.messages:
-        return "messages is empty"
-    if not msg.prefill_only and msg.max_tokens < 1:
-        return "max_tokens must be >= 1"
-    if msg.temperature < 0:
-        return "temperature must be >= 0"
-    if not 0 < msg.top_p <= 1:
-        return "top_p must be in (0, 1]"
-    if msg.top_k < 0:
-        return "top_k must be >= 0"
-    if len(msg.stop) > MAX_STOP_STRINGS:
-        return f"at most {MAX_STOP_STRINGS} stop strings"
-    return None
+        return p.Problem.bad_request("messages is empty")
+    return msg.sampling.problem()
 
 
 @dataclass
@@ -51,34 +42,49 @@ class ClientRequest:
     prompt_tokens: int = 0
     cached_estimate: int = 0
     policy: str = ""  # the policy that chose the worker (forced:<sel> when pinned)
-    buffer_ids: list[int] = field(default_factory=list)  # stream=False: held until done
-    buffer_text: list[str] = field(default_factory=list)
+    tokens: list[int] | None = None  # the prompt's ids, once tokenized
+    output_ids: list[int] = field(default_factory=list)  # relayed so far (all workers)
+    buffer_text: list[str] = field(default_factory=list)  # stream=False: held until done
     lost_on: list[str] = field(default_factory=list)  # workers that died holding it
+    migrated_tokens: int = 0  # output already produced when it last changed worker
 
     def can_reroute(self) -> bool:
-        """True while the client has seen none of its output (a streamed token, once
-        sent, cannot be taken back) and it has not already outlived MAX_REROUTES workers."""
-        unseen = not self.submit.stream or not self.t_first
-        return unseen and len(self.lost_on) < MAX_REROUTES
+        """True until it has outlived MAX_REROUTES workers: a stream that already sent
+        tokens migrates (the next worker continues after them), it is not restarted."""
+        return len(self.lost_on) < MAX_REROUTES
 
     def reroute(self, lost_worker: str, now: float, wait_s: float) -> None:
-        """Back to unassigned, its partial output dropped; it may wait ``wait_s`` for a worker."""
+        """Back to unassigned, its output so far kept; it may wait ``wait_s`` for a worker."""
         self.lost_on.append(lost_worker)
         self.wid = self.worker_id = None
-        self.t_first = 0.0
-        self.buffer_ids.clear()
-        self.buffer_text.clear()
+        self.migrated_tokens = len(self.output_ids)
         self.deadline = now + wait_s
 
     @property
     def budget(self) -> int:
-        return 0 if self.submit.prefill_only else self.submit.max_tokens
+        return self.submit.sampling.budget
+
+    @property
+    def budget_left(self) -> int:
+        """Output tokens still to produce (the whole budget unless it migrated)."""
+        return self.budget - len(self.output_ids)
+
+    def continued_sampling(self) -> p.SamplingParams:
+        """The parameters for the worker that runs it next: the remaining budget and,
+        after a migration, a seed moved on by the tokens already drawn (so the
+        continuation does not replay the random draws that started the stream)."""
+        done = len(self.output_ids)
+        if not done:
+            return self.submit.sampling
+        s = self.submit.sampling
+        seed = None if s.seed is None else (s.seed + done) % SEED_SPACE
+        return dataclasses.replace(s, max_tokens=s.max_tokens - done, seed=seed)
 
     def on_tokens(self, msg: p.TokenDelta, now: float) -> None:
         if not self.t_first and msg.token_ids:
             self.t_first = now
+        self.output_ids.extend(msg.token_ids)
         if not self.submit.stream:
-            self.buffer_ids.extend(msg.token_ids)
             self.buffer_text.append(msg.text)
 
     def final_stats(self, worker_stats: dict[str, Any], now: float, policy: str) -> dict[str, Any]:
@@ -93,6 +99,9 @@ class ClientRequest:
         out["router_cached_estimate"] = self.cached_estimate
         if self.lost_on:
             out["rerouted_from"] = list(self.lost_on)
+        if self.migrated_tokens:  # the last worker counted only its own part
+            out["migrated_tokens"] = self.migrated_tokens
+            out["output_tokens"] = len(self.output_ids)
         return out
 
 

@@ -7,6 +7,7 @@ line) and never reaches the state below.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -16,40 +17,26 @@ from typing import Any
 
 import zmq
 
-from tandem.broker.calibration import DECODE_ESTIMATES, Calibration
+from tandem.broker.admission import WORKER_FRAME_BYTES, Admission
+from tandem.broker.calibration import Calibration
+from tandem.broker.config import RouterConfig
 from tandem.broker.decisions import DecisionLog, decision_record
+from tandem.broker.identity import RequestIds, foreign_frame, takeover_problem
+from tandem.broker.ledger import PromptBlocks, ViewCache
+from tandem.broker.liveness import Liveness, disconnect_monitor, drain_events
 from tandem.broker.metrics import RouterMetrics
 from tandem.broker.policies import NoCandidate, parse_policy
 from tandem.broker.registry import Routed, WorkerState, ready_problem
+from tandem.broker.relay import Pending, TokenOutbox
 from tandem.broker.requests import ClientRequest, prompt_tokens, validate_submit
+from tandem.common import auth
 from tandem.common import protocol as p
-from tandem.common.settings import Addresses
 from tandem.common.tokenizer import TextTokenizer, TokenizerSpec
 from tandem.common.transport import RouterSocket
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class RouterConfig:
-    addresses: Addresses
-    policy: str = "phase_cost"
-    liveness_s: float = 3.0  # floor of a worker's liveness window (else 6 heartbeats)
-    no_worker_wait_s: float = 30.0  # how long a request waits for a first worker
-    decision_log: str | None = None
-    calibrate: bool = True  # rates follow what requests take (broker/calibration.py)
-    decode_estimate: str = "budget"  # "budget" | "ratio"
-    metrics_port: int | None = None  # serve /metrics there (0: any free port); None: off
-    metrics_host: str = "127.0.0.1"
-
-    def __post_init__(self) -> None:
-        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
-            raise ValueError("metrics_port must be in 0..65535")
-        parse_policy(self.policy)  # raises ValueError on an unknown policy
-        if self.decode_estimate not in DECODE_ESTIMATES:
-            raise ValueError(f"decode_estimate must be one of {DECODE_ESTIMATES}")
-        if self.liveness_s <= 0 or self.no_worker_wait_s < 0:
-            raise ValueError("liveness_s must be > 0 and no_worker_wait_s >= 0")
+EXPIRE_EVERY_S = 0.1  # liveness is checked at most this often (it walks every worker)
 
 
 @dataclass
@@ -60,19 +47,33 @@ class Router:
     pending: deque[ClientRequest] = field(default_factory=deque)  # waiting for any worker
     tokenizer: TextTokenizer | None = None
     model: str | None = None
+    weights: str = ""  # the first worker's weights digest ("" unknown)
 
     def __post_init__(self) -> None:
         self.policy = parse_policy(self.cfg.policy)
-        self.client_sock = RouterSocket(self.cfg.addresses.client)
-        self.worker_sock = RouterSocket(self.cfg.addresses.worker)
+        adm = self.cfg.admission
+        self.guard = auth.RouterGuard.start(self.cfg.keys, self.cfg.addresses)
+        self.client_sock = RouterSocket(
+            self.cfg.addresses.client, adm.max_frame_bytes, self.guard.setup("clients")
+        )
+        self.worker_sock = RouterSocket(
+            self.cfg.addresses.worker, WORKER_FRAME_BYTES, self.guard.setup("workers")
+        )
+        self.admission = Admission(adm)
+        self.liveness = Liveness(self.cfg.no_progress_s)
+        self.ids = RequestIds()
+        self._monitor = disconnect_monitor(self.worker_sock.sock)
         self.decisions = DecisionLog(self.cfg.decision_log) if self.cfg.decision_log else None
         self.calibration = Calibration(self.cfg.calibrate, self.cfg.decode_estimate)
         self.metrics = RouterMetrics(
             lambda: (len(self.workers), len(self.requests), len(self.pending))
         )
+        self.views = ViewCache(self.calibration)
+        self.outbox = TokenOutbox()
+        self.tokenizer_hash = ""
         self._by_client: dict[tuple[bytes, str], str] = {}
         self._by_identity: dict[bytes, str] = {}  # worker socket identity -> worker id
-        self._next_id = 0
+        self._expiry_at = 0.0  # monotonic time of the next liveness walk
 
     # ------------------------------------------------------------ loop
     def serve(self, stop: threading.Event) -> None:
@@ -85,31 +86,58 @@ class Router:
             self.worker_sock.address,
             self.policy.name,
         )
+        poller.register(self._monitor, zmq.POLLIN)
+        more = False
         try:
             while not stop.is_set():
-                events = dict(poller.poll(timeout=100))
-                # Workers first: finishing requests frees capacity for new ones.
-                if self.worker_sock.sock in events:
-                    self._drain(self.worker_sock, self.on_worker)
-                if self.client_sock.sock in events:
-                    self._drain(self.client_sock, self.on_client)
-                self.expire_workers()
-                self.dispatch_pending()
+                poller.poll(timeout=0 if more else 100)
+                start = time.monotonic()
+                more = self.turn()
+                self.liveness.turn_took(start, time.monotonic())
         finally:
+            self.worker_sock.sock.disable_monitor()
+            self._monitor.close(linger=0)
             self.client_sock.close()
             self.worker_sock.close()
+            self.guard.stop()
             if self.decisions:
                 self.decisions.close()
 
-    def _drain(self, sock: RouterSocket, handler: Any, limit: int = 256) -> None:
+    def turn(self) -> bool:
+        """One bounded slice of work; True when client work was left for the next turn.
+
+        Worker frames are read in full before anything is expired, client work is
+        bounded per turn (broker/admission.py), so heartbeats are never starved.
+        """
+        now = time.monotonic()
+        if drain_events(self._monitor):
+            self.liveness.on_disconnect(now)
+        if self.liveness.probe_due(now):
+            self._probe_workers()
+        # Workers first: finishing requests frees capacity for new ones.
+        if self._drain(self.worker_sock, self.on_worker, limit=100_000) and now >= self._expiry_at:
+            self.expire_workers()  # it walks every worker: not more often than EXPIRE_EVERY_S
+            self._expiry_at = now + EXPIRE_EVERY_S
+        adm = self.cfg.admission
+        more = not self._drain(self.client_sock, self.on_client, adm.client_frames_per_turn)
+        return self.dispatch_pending(limit=adm.routes_per_turn) or more
+
+    def _drain(self, sock: RouterSocket, handler: Any, limit: int = 256) -> bool:
+        """Handle up to ``limit`` waiting frames; True when the socket was emptied."""
+        emptied = False
         for _ in range(limit):
-            if not sock.sock.poll(0, zmq.POLLIN):
-                return
-            identity, msg = sock.recv()
+            got = sock.recv_nowait()
+            if got is None:
+                emptied = True
+                break
+            identity, msg = got
             try:
                 handler(identity, msg)
             except Exception:  # a bug must not take the router down with it
                 log.exception("router failed handling %r from %r", msg, identity)
+        for pending in self.outbox.take_all():  # token deltas coalesced over this drain
+            self._send_tokens(pending)
+        return emptied or not sock.sock.poll(0, zmq.POLLIN)
 
     # ------------------------------------------------------------ clients
     def on_client(self, identity: bytes, msg: p.Message | p.ProtocolError) -> None:
@@ -119,16 +147,14 @@ class Router:
             self.metrics.on_rejected("client", msg.code)
             reply(identity, p.Error(msg.code, msg.message, msg.request_id))
         elif isinstance(msg, p.Hello):
-            reply(identity, p.Welcome(policy=self.policy.name))
+            reply(identity, self._welcome())
         elif isinstance(msg, p.Submit):
             self.submit(identity, msg)
         elif isinstance(msg, p.Cancel):
             self.cancel(identity, msg.request_id)
         elif isinstance(msg, p.StatusQuery):
-            rows = [
-                {**w.describe(), **self.calibration.describe(w.id)}
-                for w in sorted(self.workers.values(), key=lambda w: w.id)
-            ]
+            live = self.cfg.calibrate
+            rows = [w.describe(live) for w in sorted(self.workers.values(), key=lambda w: w.id)]
             reply(
                 identity,
                 p.StatusReply(
@@ -144,19 +170,19 @@ class Router:
 
     def submit(self, identity: bytes, msg: p.Submit) -> None:
         key = (identity, msg.request_id)
-        problem = validate_submit(msg)
+        problem = validate_submit(msg) or self.admission.prompt_problem(msg)
         if problem is None and (key in self._by_client or self._is_pending(key)):
-            problem = f"request id {msg.request_id!r} is already in flight"
-            code = p.DUPLICATE_REQUEST
-        else:
-            code = p.BAD_REQUEST
+            problem = p.Problem(
+                p.DUPLICATE_REQUEST, f"request id {msg.request_id!r} is already in flight"
+            )
+        if problem is None:
+            problem = self.admission.full_problem_for(msg, [r.submit for r in self.pending])
         if problem:
-            self.client_sock.send(identity, p.Error(code, problem, msg.request_id))
+            self.client_sock.send(identity, self.admission.error(problem, msg, len(self.pending)))
             return
         req = ClientRequest(identity, msg, time.monotonic())
         req.deadline = req.received + self.cfg.no_worker_wait_s
-        self.pending.append(req)
-        self.dispatch_pending()
+        self.pending.append(req)  # routed by the loop, a bounded number per turn
 
     def cancel(self, identity: bytes, request_id: str) -> None:
         wid = self._by_client.get((identity, request_id))
@@ -164,7 +190,9 @@ class Router:
             for req in list(self.pending):
                 if (req.client, req.submit.request_id) == (identity, request_id):
                     self.pending.remove(req)
-                    self.client_sock.send(identity, p.Done(request_id, "cancelled", {}))
+                    self.client_sock.send(
+                        identity, p.Done(request_id, p.FinishReason.CANCELLED, {})
+                    )
                     self.metrics.on_outcome(req.policy, "cancelled")
             return  # unknown or finished: cancel is idempotent
         req = self.requests[wid]
@@ -174,51 +202,76 @@ class Router:
         return any((r.client, r.submit.request_id) == key for r in self.pending)
 
     # ------------------------------------------------------------ routing
-    def dispatch_pending(self) -> None:
-        now = time.monotonic()
+    def dispatch_pending(self, limit: int | None = None) -> bool:
+        """Route waiting requests in order; True when ``limit`` routes left some behind."""
+        now, routed = time.monotonic(), 0
         while self.pending:
             req = self.pending[0]
             if not self.workers:
                 if now < req.deadline:
-                    return
+                    return False
                 self.pending.popleft()
                 self._fail(req, p.NO_WORKERS, "no worker is connected to the router")
                 continue
+            if limit is not None and routed >= limit:
+                return True
             self.pending.popleft()
+            routed += 1
             try:
-                self.route(req)
+                placed = self.route(req)
             except Exception as exc:  # a bug must cost one request an error, not a hang
                 log.exception("routing %s failed", req.submit.request_id)
                 self._fail(req, p.INTERNAL, f"router error: {exc}")
+                continue
+            if not placed:  # every worker it fits is at its in-flight cap: wait, in order
+                self.pending.appendleft(req)
+                return False
+        return False
 
-    def route(self, req: ClientRequest) -> None:
+    def route(self, req: ClientRequest) -> bool:
+        """Assign ``req`` (or fail it); False when it must wait for room on a worker."""
         sub = req.submit
         t0 = time.perf_counter()
-        try:
-            tokens = prompt_tokens(sub, self.tokenizer)
-        except ValueError as exc:
-            self._fail(req, p.BAD_REQUEST, str(exc))
-            return
-        candidates = [w for w in self.workers.values() if w.fits(len(tokens), req.budget)]
-        if not candidates:
+        if req.tokens is None:
+            try:
+                req.tokens = prompt_tokens(sub, self.tokenizer)
+            except ValueError as exc:
+                self._fail(req, p.BAD_REQUEST, str(exc))
+                return True
+        if req.output_ids and req.budget_left <= 0:  # migrated after its last token
+            self._finish_migrated(req)
+            return True
+        tokens = req.tokens + req.output_ids  # a migrated stream continues after its output
+        fitting = [w for w in self.workers.values() if w.fits(len(tokens), req.budget_left)]
+        if not fitting:
             limit = max(w.info.n_ctx for w in self.workers.values())
             self._fail(
                 req,
                 p.PROMPT_TOO_LONG,
-                f"prompt ({len(tokens)} tokens) + max_tokens ({req.budget}) exceeds every "
+                f"prompt ({len(tokens)} tokens) + max_tokens ({req.budget_left}) exceeds every "
                 f"worker's context (largest {limit}) or max_tokens limit",
             )
-            return
-        rr = self.calibration.route_request(len(tokens), req.budget)
-        views = [self.calibration.adjust(w.view(tokens)) for w in candidates]
+            return True
+        candidates = [w for w in fitting if self._has_room(w)]
+        if not candidates:
+            return False
+        rr = self.calibration.route_request(len(tokens), req.budget_left)
+        blocks = PromptBlocks(tokens)  # hashed once per block size, not once per worker
+        views = self.views.views(candidates, blocks)
         policy = parse_policy(f"forced:{sub.worker}") if sub.worker else self.policy
         try:
             decision = policy.choose(rr, views)
         except NoCandidate as exc:
+            if any(sub.worker in (w.id, w.info.device) for w in fitting):
+                return False  # the pinned worker is full: wait for it
             too_long = any(sub.worker in (w.id, w.info.device) for w in self.workers.values())
+            if req.lost_on and not too_long:  # pinned to the worker it lost: no migration
+                lost = f"worker {req.lost_on[-1]} was lost; the request is pinned to {sub.worker!r}"
+                self._fail(req, p.WORKER_LOST, lost)
+                return True
             code = p.PROMPT_TOO_LONG if too_long else p.NO_WORKERS
             self._fail(req, code, f"{exc} that fits this request" if too_long else str(exc))
-            return
+            return True
         req.policy = policy.name
         self.metrics.on_decision(
             sub.request_id, policy.name, rr, decision, views, time.perf_counter() - t0
@@ -228,36 +281,29 @@ class Router:
             record = decision_record(sub.request_id, policy.name, rr, views, decision, extra)
             self.decisions.write(record)
         self._assign(req, tokens, self.workers[decision.worker_id], views)
+        return True
+
+    def _has_room(self, w: WorkerState) -> bool:
+        return len(w.inflight) < self.cfg.admission.inflight_cap(w.info.max_active)
 
     def _assign(self, req: ClientRequest, tokens: list[int], w: WorkerState, views: list) -> None:
         sub = req.submit
-        self._next_id += 1
-        wid = f"{self._next_id:x}"
+        wid = self.ids.next()
         cached = next(v.cached_tokens for v in views if v.id == w.id)
-        assign = p.Assign(
-            wid,
-            tokens,
-            req.budget,
-            sub.temperature,
-            sub.top_p,
-            sub.top_k,
-            sub.seed,
-            sub.stop,
-            sub.ignore_eos,
-            sub.prefill_only,
-            cached,
-        )
+        resume = len(req.output_ids)
+        assign = p.Assign(wid, tokens, req.continued_sampling(), resume)
         if not self.worker_sock.send(w.identity, assign):
             self._drop_worker(w, "unreachable")
             self.pending.appendleft(req)
             return
         req.wid, req.worker_id, req.t_assigned = wid, w.id, time.monotonic()
-        req.prompt_tokens, req.cached_estimate = len(tokens), cached
-        w.inflight[wid] = Routed(wid, w.id, len(tokens), req.budget, cached, sub.prefill_only)
+        req.prompt_tokens, req.cached_estimate = len(req.tokens or ()), cached
+        w.track(Routed(wid, w.id, len(tokens), req.budget_left, cached, sub.sampling.prefill_only))
         w.routed_total += 1
         self.requests[wid] = req
         self._by_client[(req.client, sub.request_id)] = wid
-        self.client_sock.send(req.client, p.Accepted(sub.request_id, w.id, len(tokens), cached))
+        if not resume:  # a migrated stream goes on as one stream: no second Accepted
+            self.client_sock.send(req.client, p.Accepted(sub.request_id, w.id, len(tokens), cached))
 
     # ------------------------------------------------------------ workers
     def on_worker(self, identity: bytes, msg: p.Message | p.ProtocolError) -> None:
@@ -274,13 +320,18 @@ class Router:
             if not isinstance(msg, p.Goodbye):
                 self.worker_sock.send(identity, p.Reregister())
             return
-        w.last_seen = time.monotonic()
+        w.last_seen = now = time.monotonic()
         if isinstance(msg, p.Heartbeat):
-            w.heartbeat = msg
-            self.calibration.on_heartbeat(w.id, len(msg.active))
+            w.on_heartbeat(msg)
+            rows = msg.active + msg.queued
+            remaining = sum(r.prefill_remaining + r.decode_remaining for r in rows)
+            self.liveness.on_heartbeat(w.id, remaining, bool(w.inflight), now)
+            problem = w.update_steps(msg.steps) if msg.steps is not None else None
+            if problem:  # routing goes on with the last good model
+                log.warning("worker %s sent an unusable step model: %s", w.id, problem)
             if not w.cache.apply(msg.cache):
                 self.worker_sock.send(identity, p.ResyncCache())
-            self.metrics.on_heartbeat(w, self.calibration.describe(w.id))
+            self.metrics.on_heartbeat(w, w.rates(self.cfg.calibrate))
         elif isinstance(msg, p.TokenDelta | p.Done | p.Error):
             self.relay(w, msg)
         elif isinstance(msg, p.Goodbye):
@@ -289,23 +340,39 @@ class Router:
             log.warning("worker %s sent unexpected %s", w.id, msg.TYPE)
 
     def register(self, identity: bytes, ready: p.Ready) -> None:
-        problem = ready_problem(ready, self.model, have_tokenizer=self.tokenizer is not None)
-        if problem:
-            log.error("refusing worker %s: %s", ready.worker_id, problem)
-            self.worker_sock.send(identity, p.Error(p.BAD_REQUEST, problem))
+        if self.tokenizer is None and not ready.tokenizer and ready.tokenizer_hash:
+            self.worker_sock.send(identity, p.Reregister(tokenizer=True))  # send us the spec
             return
-        old = self.workers.get(ready.worker_id)
-        if old is not None and old.identity == identity and old.info == ready:
-            self.worker_sock.send(identity, p.Welcome(policy=self.policy.name))
-            return  # a repeated Ready (our Welcome crossed it)
-        if old is not None:
-            self._drop_worker(old, "re-registered")
+        problem = ready_problem(ready, self.model, self.tokenizer is not None, self.weights)
+        if problem:
+            log.error("refusing worker %s: %s", ready.worker_id, problem.message)
+            self.worker_sock.send(identity, p.Error(problem.code, problem.message))
+            return
         if self.tokenizer is None:
             self.tokenizer = TextTokenizer(TokenizerSpec.from_wire(ready.tokenizer))
+            self.tokenizer_hash = ready.tokenizer_hash or p.tokenizer_hash(ready.tokenizer)
             self.model = ready.model
+            self.weights = ready.weights
+        elif ready.tokenizer_hash and ready.tokenizer_hash != self.tokenizer_hash:
+            log.warning("worker %s names another tokenizer than the router's (same model %s)",
+                        ready.worker_id, ready.model)  # fmt: skip
+        # One tokenizer spec per router, not one per worker (1.5 MB each for SmolLM2).
+        ready = dataclasses.replace(ready, tokenizer={})
+        old = self.workers.get(ready.worker_id)
+        if old is not None and old.identity == identity and old.info == ready:
+            self.worker_sock.send(identity, self._welcome())
+            return  # a repeated Ready (our Welcome crossed it)
+        if old is not None:
+            silent_s = self.liveness.silent_for(old.last_seen, time.monotonic())
+            live = silent_s <= old.liveness_s(self.cfg.liveness_s)
+            taken = takeover_problem(old.identity, identity, ready.worker_id, live)
+            if taken:  # no reply: a restarted worker retries its Ready until the id is free
+                log.warning("ignoring Ready from %r: %s", identity, taken.message)
+                return
+        if old is not None:
+            self._drop_worker(old, "re-registered")
         self.workers[ready.worker_id] = WorkerState(identity, ready)
         self._by_identity[identity] = ready.worker_id
-        self.calibration.register(ready.worker_id, ready.prefill_tok_s, ready.decode_tok_s)
         log.info(
             "worker %s joined: %s on %s, max_active %d",
             ready.worker_id,
@@ -313,39 +380,37 @@ class Router:
             ready.device,
             ready.max_active,
         )
-        self.worker_sock.send(identity, p.Welcome(policy=self.policy.name))
-        self.dispatch_pending()
+        self.worker_sock.send(identity, self._welcome())
 
     def relay(self, w: WorkerState, msg: p.TokenDelta | p.Done | p.Error) -> None:
         wid = msg.request_id
         req = self.requests.get(wid) if wid else None
+        if req is not None and foreign_frame(req.worker_id, w.id):
+            log.warning("worker %s sent %s for %s, assigned to %s: ignored",
+                        w.id, msg.TYPE, wid, req.worker_id)  # fmt: skip
+            return
         if req is None:
             if isinstance(msg, p.Error):
                 log.warning("worker %s error: %s %s", w.id, msg.code, msg.message)
             return  # e.g. a late token after a cancel: nothing to relay to
         sub = req.submit
+        now = time.monotonic()
+        self.liveness.on_output(w.id, now)
         if isinstance(msg, p.TokenDelta):
-            req.on_tokens(msg, time.monotonic())
+            req.on_tokens(msg, now)
             self.metrics.on_tokens(w.id, len(msg.token_ids))
             routed = w.inflight.get(wid)
-            if routed is not None and routed.relayed(len(msg.token_ids)):
-                self.calibration.on_progress(w.id, routed.tokens_seen, req.t_first)
-            if sub.stream and not self.client_sock.send(
-                req.client, p.TokenDelta(sub.request_id, msg.token_ids, msg.text)
-            ):
-                # The client is gone (or not reading): stop spending the worker on it.
-                self.worker_sock.send(w.identity, p.Cancel(wid))
-                self._forget(w, req)
-                self.metrics.on_outcome(req.policy, "client_gone")
+            if routed is not None:
+                routed.tokens_seen += len(msg.token_ids)
+                w.track(routed)  # its decode budget shrank
+            if sub.stream:  # sent at the end of this drain, with any others of this request
+                self.outbox.add(w, req, msg.token_ids, msg.text)
             return
         self._forget(w, req)
+        self.admission.on_done(now)
         if isinstance(msg, p.Done):
-            self.calibration.on_done(w.id, msg.stats, msg.finish_reason, req.budget, req.t_first)
-            if not sub.stream and req.buffer_ids:
-                self.client_sock.send(
-                    req.client,
-                    p.TokenDelta(sub.request_id, req.buffer_ids, "".join(req.buffer_text)),
-                )
+            self.calibration.on_done(msg.stats, msg.finish_reason, req.budget)
+            self._send_buffered(req)
             stats = req.final_stats(msg.stats, time.monotonic(), req.policy)
             self.client_sock.send(req.client, p.Done(sub.request_id, msg.finish_reason, stats))
             self.metrics.on_done(req.policy, msg.finish_reason, stats)
@@ -353,26 +418,45 @@ class Router:
             self.client_sock.send(req.client, p.Error(msg.code, msg.message, sub.request_id))
             self.metrics.on_outcome(req.policy, msg.code)
 
+    def _send_tokens(self, pending: Pending) -> None:
+        req, w = pending.req, pending.worker
+        delta = p.TokenDelta(req.submit.request_id, pending.token_ids, pending.text)
+        if not self.client_sock.send(req.client, delta):
+            # The client is gone (or not reading): stop spending the worker on it.
+            self.worker_sock.send(w.identity, p.Cancel(req.wid or ""))
+            self._forget(w, req)
+            self.metrics.on_outcome(req.policy, "client_gone")
+
     def expire_workers(self) -> None:
         now = time.monotonic()
         for w in list(self.workers.values()):
-            if now - w.last_seen > w.liveness_s(self.cfg.liveness_s):
-                self._drop_worker(w, f"silent for {now - w.last_seen:.1f}s")
+            window_s = w.liveness_s(self.cfg.liveness_s)
+            why = self.liveness.why_expired(w.id, w.last_seen, window_s, bool(w.inflight), now)
+            if why:
+                self._drop_worker(w, why)
+
+    def _probe_workers(self) -> None:
+        """After a disconnect event: a send to a departed worker fails at once."""
+        for w in list(self.workers.values()):
+            if not self.worker_sock.send(w.identity, self._welcome()):
+                self._drop_worker(w, "disconnected")
 
     def _drop_worker(self, w: WorkerState, why: str) -> None:
         log.warning("worker %s removed: %s", w.id, why)
         self.workers.pop(w.id, None)
+        self.views.forget(w.id)
         if self._by_identity.get(w.identity) == w.id:
             del self._by_identity[w.identity]
-        self.calibration.forget(w.id)
         self.metrics.on_worker_removed(w.id)
+        self.liveness.forget(w.id)
         now, again = time.monotonic(), []
         for wid in list(w.inflight):
             req = self.requests.get(wid)
             if req is None:
                 continue
             self._forget(w, req)
-            if req.can_reroute():  # nothing reached the client yet: route it again
+            self.worker_sock.send(w.identity, p.Cancel(wid))  # if it lives, stop it there
+            if req.can_reroute():  # continues elsewhere after the output already relayed
                 req.reroute(w.id, now, self.cfg.no_worker_wait_s)
                 again.append(req)
             else:
@@ -380,9 +464,32 @@ class Router:
         self.pending.extendleft(reversed(again))  # ahead of newer requests, in their order
 
     def _forget(self, w: WorkerState, req: ClientRequest) -> None:
-        w.inflight.pop(req.wid or "", None)
+        pending = self.outbox.pop(req.wid or "")
+        if pending is not None:  # its tokens go out before whatever ends the request
+            self.client_sock.send(req.client, p.TokenDelta(
+                req.submit.request_id, pending.token_ids, pending.text))  # fmt: skip
+        w.untrack(req.wid or "")
         self.requests.pop(req.wid or "", None)
         self._by_client.pop((req.client, req.submit.request_id), None)
+
+    def _finish_migrated(self, req: ClientRequest) -> None:
+        """A request whose worker died after its last token but before its Done."""
+        self._send_buffered(req)
+        stats = req.final_stats({"output_tokens": 0}, time.monotonic(), req.policy)
+        self.client_sock.send(
+            req.client, p.Done(req.submit.request_id, p.FinishReason.LENGTH, stats)
+        )
+
+    def _welcome(self) -> p.Welcome:
+        return p.Welcome(policy=self.policy.name, epoch=self.ids.epoch)
+
+    def _send_buffered(self, req: ClientRequest) -> None:
+        """stream=False: the whole output in one TokenDelta, just before the Done."""
+        if not req.submit.stream and req.output_ids:
+            text = "".join(req.buffer_text)
+            self.client_sock.send(
+                req.client, p.TokenDelta(req.submit.request_id, req.output_ids, text)
+            )
 
     def _fail(self, req: ClientRequest, code: str, message: str) -> None:
         self.client_sock.send(req.client, p.Error(code, message, req.submit.request_id))

@@ -15,9 +15,12 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from tandem.bench.workload import KINDS
+from tandem.broker.policies import DEFAULT_POLICY
+
 _DEFAULTS: dict[str, Any] = {
     "workers": (),
-    "policies": ("forced:@fastest", "phase_cost"),
+    "policies": ("forced:@fastest", DEFAULT_POLICY),
     "workload": "burst",
     "requests": (8,),
     "spacing_ms": 50.0,
@@ -32,6 +35,12 @@ _DEFAULTS: dict[str, Any] = {
     "same_prompt": False,
     "max_active": 4,
     "runs": 3,
+    "trace": "",
+    "length_scale": 16.0,
+    "output_scale": 1.0,
+    "time_scale": 1.0,
+    "limit": 0,
+    "ttft_slo_s": 2.0,
 }
 
 
@@ -50,7 +59,7 @@ def _opt(*names: str, key: str, help: str, **kw: Any) -> Any:
     multiple=True,
     help="Router policy[+static|+calibrate][+ratio]; forced:@fastest = GPU.",
 )
-@_opt("--workload", key="workload", type=click.Choice(["burst", "poisson", "onoff"]), help="Shape.")
+@_opt("--workload", key="workload", type=click.Choice(KINDS), help="Shape.")
 @_opt("--requests", key="requests", type=int, multiple=True, help="burst size (repeatable)")
 @_opt("--spacing-ms", key="spacing_ms", type=float, help="Gap between arrivals in a burst.")
 @_opt("--rate", key="rate", type=float, help="poisson: requests per second.")
@@ -63,6 +72,14 @@ def _opt(*names: str, key: str, help: str, **kw: Any) -> Any:
 @_opt("--output-tokens", key="output_tokens", type=int, help="Tokens generated per request.")
 @_opt("--same-prompt/--distinct-prompts", key="same_prompt", help="All hits send one prompt.")
 @_opt("--max-active", key="max_active", type=int, help="Active requests per worker.")
+@_opt("--trace", key="trace", type=click.Path(dir_okay=False), help="trace: Mooncake JSONL file.")
+@_opt("--length-scale", key="length_scale", type=float, help="trace: prompt lengths / this.")
+@_opt("--output-scale", key="output_scale", type=float, help="trace: output lengths / this.")
+@_opt("--time-scale", key="time_scale", type=float, help="trace: arrival times / this.")
+@_opt("--limit", key="limit", type=int, help="trace: first N requests (0: all).")
+@_opt(
+    "--ttft-slo-s", key="ttft_slo_s", type=float, help="Goodput counts requests with TTFT <= this."
+)
 @click.option("--sweep-max-active", default=None, help="Concurrency sweep, e.g. 1,2,4,8,16.")
 @_opt("--runs", key="runs", type=int, help="Runs per case (+2 when CV > 5 %).")
 @click.option("--rates", type=click.Choice(["measured", "advertised"]), default="measured",
@@ -73,15 +90,22 @@ def _opt(*names: str, key: str, help: str, **kw: Any) -> Any:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Result folder [default: bench-results/DATE-TIME].")  # fmt: skip
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--router-cpus", default=None, help="Pin each run's router to these cores (0-1).")
+@click.option("--cpus", "bench_cpus", default=None,
+              help="Pin this process (the load generator) to these cores.")  # fmt: skip
 @click.pass_context
 def bench(ctx: click.Context, **opts: Any) -> None:
     """Benchmark routing policies on a cluster this command starts (one per run)."""
     if ctx.invoked_subcommand is not None:
         return
     from tandem.bench.run import run_bench
+    from tandem.common.affinity import parse_cpus, pin
 
     try:
         cfg = build_config(ctx, opts)
+        pin(parse_cpus(opts["bench_cpus"]) if opts["bench_cpus"] else None)
+        if opts["router_cpus"]:
+            parse_cpus(opts["router_cpus"])  # refused here, not in each run's router
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -117,6 +141,7 @@ def build_config(ctx: click.Context, opts: dict[str, Any]) -> Any:
     from tandem.bench.experiment import BenchConfig
     from tandem.bench.presets import PRESETS
     from tandem.bench.spec import parse_workers
+    from tandem.bench.trace import TraceScale
     from tandem.bench.workload import Workload
 
     v = dict(_DEFAULTS)
@@ -133,19 +158,23 @@ def build_config(ctx: click.Context, opts: dict[str, Any]) -> Any:
     sizes = v["requests"] if v["workload"] != "poisson" else v["requests"][:1]
     workloads = tuple(
         Workload(
-            v["workload"],
-            n,
-            v["spacing_ms"] / 1000,
-            v["rate"],
-            v["duration_s"],
-            v["bursts"],
-            v["gap_s"],
-            hit,
-            v["prefix_tokens"],
-            v["prompt_tokens"],
-            v["output_tokens"],
-            v["same_prompt"],
-        )  # fmt: skip
+            kind=v["workload"],
+            requests=n,
+            spacing_s=v["spacing_ms"] / 1000,
+            rate_rps=v["rate"],
+            duration_s=v["duration_s"],
+            bursts=v["bursts"],
+            gap_s=v["gap_s"],
+            hit_fraction=hit,
+            prefix_tokens=v["prefix_tokens"],
+            prompt_tokens=v["prompt_tokens"],
+            output_tokens=v["output_tokens"],
+            same_prompt=v["same_prompt"],
+            trace=v["trace"],
+            trace_scale=TraceScale(
+                v["length_scale"], v["output_scale"], v["time_scale"], v["limit"]
+            ),
+        )
         for n in sizes
         for hit in v["hit_mix"]
     )
@@ -160,6 +189,8 @@ def build_config(ctx: click.Context, opts: dict[str, Any]) -> Any:
         keep_token_times=opts["keep_token_times"],
         seed=opts["rng_seed"],
         preset=opts["preset"],
+        router_cpus=opts["router_cpus"],
+        ttft_slo_s=v["ttft_slo_s"],
     )
 
 
@@ -200,3 +231,26 @@ def merge(results: tuple[str, ...], out_dir: str, policies: tuple[str, ...]) -> 
     n_runs = sum(len(c["runs"]) for g in doc["groups"] for c in g["cases"])
     click.echo(f"merged {len(results)} results: {len(doc['groups'])} groups, {n_runs} runs "
                f"-> {out_dir}", err=True)  # fmt: skip
+
+
+@bench.command("router")
+@click.option("--runs", type=int, default=3, show_default=True, help="Repetitions (medians).")
+@click.option("--requests", type=int, default=4000, show_default=True, help="For req/s.")
+@click.option("--stream-tokens", type=int, default=2000, show_default=True,
+              help="Tokens per stream (64 streams) for tok/s.")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write JSON here.")
+def router_bench(runs: int, requests: int, stream_tokens: int, out: str | None) -> None:
+    """The router's own cost against a null worker (bench/router_overhead.py)."""
+    import json
+
+    from tandem.bench.router_overhead import OverheadConfig, run_all
+
+    try:
+        cfg = OverheadConfig(requests=requests, stream_tokens=stream_tokens)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    doc = run_all(cfg, runs, progress=lambda line: click.echo(line, err=True))
+    text = json.dumps(doc, indent=1)
+    if out:
+        Path(out).write_text(text + "\n")
+    click.echo(json.dumps(doc["summary"], indent=1))

@@ -7,10 +7,12 @@ import click
 
 from tandem.cli.bench import bench
 from tandem.cli.gateway import gateway
+from tandem.cli.keys import keys
 from tandem.cli.options import setup_logging
 from tandem.cli.profile import profile
 from tandem.cli.route import decisions, route
 from tandem.cli.serve import router, worker
+from tandem.cli.sim import sim
 from tandem.cli.top import top
 from tandem.cli.use import generate, status
 from tandem.common.settings import env_str
@@ -23,5 +25,18 @@ def main(log_level: str) -> None:
     setup_logging(log_level)
 
 
-for command in (router, worker, gateway, generate, status, top, profile, route, decisions, bench):
+for command in (
+    router,
+    worker,
+    gateway,
+    generate,
+    status,
+    top,
+    profile,
+    route,
+    decisions,
+    bench,
+    keys,
+    sim,
+):
     main.add_command(command)

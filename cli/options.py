@@ -2,12 +2,36 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
+from typing import Any
 
 import click
 
 from tandem.common.settings import DEFAULT_CLIENT_ADDR
+
+
+def config_default(cls: type, name: str) -> Any:
+    """The default of field ``name`` of config dataclass ``cls``: every setting's
+    default is written once, on the dataclass, and the CLI shows that one."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+            raise ValueError(f"{cls.__name__}.{name} has no default")
+    raise ValueError(f"{cls.__name__} has no field {name!r}")
+
+
+def field_option(cls: type, name: str, help: str | None = None, **kw: Any) -> Any:
+    """A ``--name`` option for config field ``name``: its type and default from ``cls``."""
+    default = config_default(cls, name)
+    kw.setdefault("type", type(default))
+    return click.option(
+        "--" + name.replace("_", "-"), default=default, show_default=True, help=help, **kw
+    )
 
 
 def setup_logging(level: str) -> None:
@@ -27,10 +51,36 @@ client_addr = click.option(
     help="The router's client address.",
 )
 
+keys_option = click.option(
+    "--keys",
+    envvar="TANDEM_KEYS",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="CURVE keys folder made by `tandem keys` (docs/SECURITY.md); default: none.",
+)
+
 # Shared by `tandem worker` and `tandem profile`.
 sim_profile = click.option(
     "--profile",
     "profile_file",
     default=None,
     help="sim backend: the device profile (a JSON file, or a bundled name such as gpu-m2).",
+)
+
+
+def _cpus(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    from tandem.common.affinity import parse_cpus
+
+    try:
+        return parse_cpus(value) if value else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+# Shared by `tandem router` and `tandem worker`.
+cpus_option = click.option(
+    "--cpus",
+    default=None,
+    callback=_cpus,
+    help="Pin the process to these cores, e.g. 0-9,12 [default: any core].",
 )

@@ -30,7 +30,16 @@ from tandem.workers.backends import BACKENDS
     default=None,
     help="Prompt tokens before decoding [default: --prompt-tokens].",
 )
-@click.option("--repeats", type=int, default=3, show_default=True)
+@click.option(
+    "--repeats", type=int, default=3, show_default=True, help="Samples per batch size (>= 3)."
+)
+@click.option(
+    "--repair/--refuse",
+    default=True,
+    show_default=True,
+    help="Repair decode points far off their neighbours or falling with batch size "
+    "(monotone fit), or refuse to save such a profile.",
+)
 @click.option(
     "--save/--no-save",
     default=True,
@@ -51,13 +60,13 @@ def profile(
     decode_tokens: int,
     decode_context: int | None,
     repeats: int,
+    repair: bool,
     save: bool,
     as_json: bool,
 ) -> None:
     """Measure a worker's backend in isolation (no router) and store its rates."""
     from tandem.workers.backends import build_backend
-    from tandem.workers.config import WorkerConfig
-    from tandem.workers.engine import EngineConfig
+    from tandem.workers.config import EngineConfig, WorkerConfig
     from tandem.workers.profiler import kv_cells_needed, profile_backend
     from tandem.workers.profiles import save_profile
 
@@ -65,14 +74,13 @@ def profile(
     try:
         engine = EngineConfig(max_active=max_active, step_tokens=step_tokens)
         cfg = WorkerConfig(
-            "inproc://unused",
-            backend,
-            model,
-            None,
-            device,
-            threads,
-            n_ctx or max(4096, need),
-            engine,
+            router="inproc://unused",
+            backend=backend,
+            model=model,
+            device=device,
+            threads=threads,
+            n_ctx=n_ctx or max(4096, need),
+            engine=engine,
             profile=profile_file,
         )
         be = build_backend(cfg)
@@ -84,6 +92,11 @@ def profile(
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     doc = result.to_json()
+    for line in result.decode_repaired:
+        click.echo(f"{'repaired' if repair else 'suspicious'}: {line}", err=True)
+    if result.decode_repaired and not repair:
+        click.echo("refusing to save: re-profile on an idle machine, or pass --repair", err=True)
+        raise SystemExit(1)
     if save:
         doc["path"] = str(save_profile(result.backend, result.device, result.model, doc))
     if as_json:
@@ -99,9 +112,19 @@ def profile_table(doc: dict[str, Any]) -> str:
         f"{doc['backend']} on {doc['device']}, model {doc['model']}{sim}",
         f"cold prefill ({doc['prompt_tokens']} tokens): {doc['prefill_tok_s']:.1f} tok/s",
     ]
-    rows = [[b, x, x / b, 1000 * b / x] for b, x in enumerate(doc["decode_tok_s"], 1)]
-    lines.append(f"decode after {doc.get('decode_context', '?')}-token prompts:")
-    lines.append(render(["batch", "decode tok/s", "per request", "step ms"], rows))
+    fitted = doc["decode_tok_s"]
+    medians = doc.get("decode_median_tok_s") or fitted
+    spread = doc.get("decode_spread") or [0.0] * len(fitted)
+    rows = [
+        [b, m, f"{100 * s:.0f}%", x, x / b, 1000 * b / x]
+        for b, (m, s, x) in enumerate(zip(medians, spread, fitted, strict=True), 1)
+    ]
+    repeats = doc.get("repeats", 1)
+    lines.append(
+        f"decode after {doc.get('decode_context', '?')}-token prompts, {repeats} runs each:"
+    )
+    headers = ["batch", "median tok/s", "spread", "fitted tok/s", "per request", "step ms"]
+    lines.append(render(headers, rows))
     if doc.get("path"):
         lines.append(f"saved to {doc['path']}")
     return "\n".join(lines)

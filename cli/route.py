@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from tandem.broker.policies import DEFAULT_POLICY
 from tandem.cli.tables import render
 
 
@@ -25,9 +26,10 @@ def route() -> None:
 @click.argument("state_file", type=click.File("r"))
 @click.option(
     "--policy",
-    default="phase_cost",
+    default=DEFAULT_POLICY,
     show_default=True,
-    help="phase_cost | least_tokens | cache_aware | least_loaded | round_robin | forced:SEL",
+    help="finish_time | phase_cost | least_tokens | cache_aware | least_loaded | round_robin "
+    "| forced:SEL",
 )
 @click.option("--json", "as_json", is_flag=True, help='Print {"choice": ID, "scores": {...}}.')
 def explain(state_file: Any, policy: str, as_json: bool) -> None:

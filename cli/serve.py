@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 
 import click
 
-from tandem.cli.options import sim_profile
+from tandem.broker.admission import AdmissionConfig
+from tandem.broker.calibration import DECODE_ESTIMATES
+from tandem.broker.config import RouterConfig
+from tandem.cli.options import config_default, cpus_option, field_option, keys_option, sim_profile
 from tandem.common.settings import DEFAULT_CLIENT_ADDR, DEFAULT_WORKER_ADDR, Addresses
 from tandem.workers.backends import BACKENDS
+from tandem.workers.config import WARMUP, EngineConfig, WorkerConfig
+
+R, E, W, A = RouterConfig, EngineConfig, WorkerConfig, AdmissionConfig
 
 
 @click.command()
@@ -21,24 +29,13 @@ from tandem.workers.backends import BACKENDS
 @click.option(
     "--policy",
     envvar="TANDEM_POLICY",
-    default="phase_cost",
+    default=config_default(R, "policy"),
     show_default=True,
-    help="phase_cost | least_tokens | cache_aware | least_loaded | round_robin | forced:SEL",
+    help="finish_time | phase_cost | least_tokens | cache_aware | least_loaded | round_robin "
+    "| forced:SEL",
 )
-@click.option(
-    "--liveness-s",
-    type=float,
-    default=3.0,
-    show_default=True,
-    help="Minimum silence before a worker is expired.",
-)
-@click.option(
-    "--no-worker-wait-s",
-    type=float,
-    default=30.0,
-    show_default=True,
-    help="How long a request waits for a first worker.",
-)
+@field_option(R, "liveness_s", "Minimum silence before a worker is expired.")
+@field_option(R, "no_worker_wait_s", "How long a request waits for a first worker.")
 @click.option(
     "--decision-log",
     type=click.Path(dir_okay=False),
@@ -47,31 +44,37 @@ from tandem.workers.backends import BACKENDS
 )
 @click.option(
     "--calibrate/--no-calibrate",
-    default=True,
+    default=config_default(R, "calibrate"),
     show_default=True,
     help="Let worker rates follow what requests take (off: price by advertised rates only).",
 )
 @click.option(
     "--decode-estimate",
-    type=click.Choice(["budget", "ratio"]),
-    default="budget",
+    type=click.Choice(DECODE_ESTIMATES),
+    default=config_default(R, "decode_estimate"),
     show_default=True,
     help="Price decode by max_tokens, or scaled by the realized/requested token ratio.",
 )
+@cpus_option
 @click.option(
     "--metrics-port",
     type=int,
     envvar="TANDEM_METRICS_PORT",
-    default=None,
+    default=config_default(R, "metrics_port"),
     help="Serve Prometheus /metrics on this port (off when unset).",
 )
 @click.option(
     "--metrics-host",
     envvar="TANDEM_METRICS_HOST",
-    default="127.0.0.1",
+    default=config_default(R, "metrics_host"),
     show_default=True,
     help="Address the metrics endpoint binds.",
 )
+@field_option(A, "max_pending", "Requests waiting for a worker; past this: `overloaded`.")
+@field_option(A, "queue_per_slot", "Queued requests a worker may hold per batch slot.")
+@field_option(A, "max_prompt_chars")
+@field_option(R, "no_progress_s", "Expire a worker holding requests with no progress this long.")
+@keys_option
 def router(
     client_addr: str,
     worker_addr: str,
@@ -81,24 +84,39 @@ def router(
     decision_log: str | None,
     calibrate: bool,
     decode_estimate: str,
+    cpus: tuple[int, ...] | None,
     metrics_port: int | None,
     metrics_host: str,
+    max_pending: int,
+    queue_per_slot: int,
+    max_prompt_chars: int,
+    no_progress_s: float,
+    keys: str | None,
 ) -> None:
     """Run the router."""
+    from tandem.broker.admission import AdmissionConfig
     from tandem.broker.main import run_router
-    from tandem.broker.router import RouterConfig
+    from tandem.common.auth import keys_dir
 
     try:
         cfg = RouterConfig(
-            Addresses(client_addr, worker_addr),
-            policy,
-            liveness_s,
-            no_worker_wait_s,
-            decision_log,
-            calibrate,
-            decode_estimate,
-            metrics_port,
-            metrics_host,
+            addresses=Addresses(client_addr, worker_addr),
+            policy=policy,
+            liveness_s=liveness_s,
+            no_worker_wait_s=no_worker_wait_s,
+            decision_log=decision_log,
+            calibrate=calibrate,
+            decode_estimate=decode_estimate,
+            cpus=cpus,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            admission=AdmissionConfig(
+                max_pending=max_pending,
+                queue_per_slot=queue_per_slot,
+                max_prompt_chars=max_prompt_chars,
+            ),
+            no_progress_s=no_progress_s,
+            keys=str(keys_dir(keys)) if keys else None,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -117,7 +135,7 @@ def router(
 @click.option(
     "--backend",
     type=click.Choice(BACKENDS),
-    default="llama.cpp",
+    default=config_default(W, "backend"),
     show_default=True,
 )
 @click.option(
@@ -128,38 +146,31 @@ def router(
 )
 @click.option("--worker-id", default=None, help="Default: DEVICE-HOST-PID.")
 @click.option(
-    "--device", default="auto", show_default=True, help="auto | cpu | gpu (mlx); a label."
-)
-@click.option("--threads", type=int, default=2, show_default=True)
-@click.option("--max-active", type=int, default=4, show_default=True)
-@click.option("--n-ctx", type=int, default=8192, show_default=True, help="KV cells, all sequences.")
-@click.option(
-    "--step-tokens",
-    type=int,
-    default=256,
+    "--device",
+    default=config_default(W, "device"),
     show_default=True,
-    help="Token budget of one batch step (decode first, then prefill chunks).",
+    help="auto | cpu | gpu (mlx); a label.",
 )
-@click.option("--block-size", type=int, default=16, show_default=True)
-@click.option(
-    "--cache-tokens",
-    type=int,
-    default=4096,
-    show_default=True,
-    help="KV tokens the prefix cache may keep after requests end.",
-)
-@click.option("--cache-entries", type=int, default=16, show_default=True)
-@click.option("--heartbeat-s", type=float, default=0.5, show_default=True)
+@field_option(W, "threads")
+@field_option(E, "max_active")
+@field_option(W, "n_ctx", "KV cells, all sequences.")
+@field_option(E, "step_tokens", "Token budget of one batch step (decode first, then prefill).")
+@field_option(E, "block_size")
+@field_option(E, "cache_tokens", "KV tokens the prefix cache may keep after requests end.")
+@field_option(E, "cache_entries")
+@field_option(E, "heartbeat_s")
 @click.option("--prefill-tok-s", type=float, default=None, help="Override the profiled rate.")
 @click.option("--decode-tok-s", default=None, help="Comma list: aggregate tok/s at batch 1,2,..")
 @click.option(
     "--warmup",
-    type=click.Choice(["auto", "on", "off"]),
-    default="auto",
+    type=click.Choice(WARMUP),
+    default=config_default(W, "warmup"),
     show_default=True,
     help="Run every batch shape once before registering (auto: on GPU devices).",
 )
 @sim_profile
+@cpus_option
+@keys_option
 def worker(
     router_addr: str,
     backend: str,
@@ -178,30 +189,37 @@ def worker(
     decode_tok_s: str | None,
     warmup: str,
     profile_file: str | None,
+    cpus: tuple[int, ...] | None,
+    keys: str | None,
 ) -> None:
     """Run a worker process (one device)."""
-    from tandem.workers.config import WorkerConfig
-    from tandem.workers.engine import EngineConfig
     from tandem.workers.main import run_worker
 
     try:
         engine = EngineConfig(
-            max_active, step_tokens, block_size, cache_tokens, cache_entries, heartbeat_s
+            max_active=max_active,
+            step_tokens=step_tokens,
+            block_size=block_size,
+            cache_tokens=cache_tokens,
+            cache_entries=cache_entries,
+            heartbeat_s=heartbeat_s,
         )
         decode = tuple(float(x) for x in decode_tok_s.split(",")) if decode_tok_s else None
         cfg = WorkerConfig(
-            router_addr,
-            backend,
-            model,
-            worker_id,
-            device,
-            threads,
-            n_ctx,
-            engine,
-            prefill_tok_s,
-            decode,
-            profile_file,
-            warmup,
+            router=router_addr,
+            backend=backend,
+            model=model,
+            worker_id=worker_id,
+            device=device,
+            threads=threads,
+            n_ctx=n_ctx,
+            engine=engine,
+            prefill_tok_s=prefill_tok_s,
+            decode_tok_s=decode,
+            profile=profile_file,
+            warmup=warmup,
+            cpus=cpus,
+            keys=keys,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -210,4 +228,9 @@ def worker(
     except (ValueError, FileNotFoundError) as exc:  # e.g. --device gpu without a GPU
         click.echo(f"tandem worker: {exc}", err=True)
         code = 2
-    sys.exit(code)
+    # Exit without interpreter teardown: native libraries (llama.cpp, MLX/CUDA) can
+    # take seconds to free a model, and nothing of the worker's needs it.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -28,7 +28,6 @@ def workers_table(reply: p.StatusReply) -> str:
         head += f", {reply.requests_pending} waiting for a worker"
     if not reply.workers:
         return head + "\n(no workers connected)"
-    calibrated = any("calibrated_decode_tok_s" in w for w in reply.workers)
     rows = [
         [
             w["id"],
@@ -39,31 +38,42 @@ def workers_table(reply: p.StatusReply) -> str:
             f"{w['kv_used_tokens']}/{w['kv_capacity_tokens']}",
             w["cached_blocks"],
             w["prefill_tok_s"],
-            ",".join(f"{x:.0f}" for x in w["decode_tok_s"]),
+            _or_dash(w.get("live_prefill_tok_s")),
+            w.get("priced_prefill_tok_s", w["prefill_tok_s"]),
             w["routed_total"],
             w["last_seen_s"],
         ]
-        + (_calibrated(w) if calibrated else [])
         for w in reply.workers
     ]
-    headers = [
-        "worker",
-        "backend",
-        "device",
-        "active",
-        "queued",
-        "kv",
-        "blocks",
-        "prefill/s",
-        "decode/s by batch",
-        "routed",
-        "seen_s_ago",
-    ]
-    if calibrated:  # what the router prices with now, after what requests took
-        headers += ["prefill/s now", "decode/s now"]
-    return head + "\n" + render(headers, rows)
+    headers = ["worker", "backend", "device", "active", "queued", "kv", "blocks",
+               "prefill/s profile", "live", "priced", "routed", "seen_s_ago"]  # fmt: skip
+    return "\n".join([head, render(headers, rows), "", rates_table(reply.workers)])
 
 
-def _calibrated(w: dict[str, Any]) -> list[Any]:
-    decode = w.get("calibrated_decode_tok_s")
-    return [w.get("calibrated_prefill_tok_s", ""), ",".join(f"{x:.0f}" for x in decode or [])]
+def rates_table(workers: list[dict[str, Any]]) -> str:
+    """Aggregate decode tok/s by batch size: the stored profile, what the worker's
+    steps measured (with how many steps), and what the router prices with."""
+    width = max(len(w["decode_tok_s"]) for w in workers)
+    rows: list[list[Any]] = []
+    for w in workers:
+        live = w.get("live_decode_tok_s") or []
+        samples = w.get("live_decode_samples") or []
+        repaired = set(w.get("profile_repaired") or [])
+        profile = [f"{x:.0f}" + ("!" if b in repaired else "") for b, x in
+                   enumerate(w["decode_tok_s"], 1)]  # fmt: skip
+        measured = [
+            "-" if x is None else f"{x:.0f} ({n})" for x, n in zip(live, samples, strict=False)
+        ]
+        priced = [f"{x:.0f}" for x in w.get("priced_decode_tok_s") or w["decode_tok_s"]]
+        rows += [[w["id"], "profile", *profile], ["", "live (steps)", *measured],
+                 ["", "priced", *priced]]  # fmt: skip
+    rows = [r + [""] * (width + 2 - len(r)) for r in rows]
+    headers = ["decode tok/s", "by batch", *(str(b) for b in range(1, width + 1))]
+    note = "! = far off its neighbours: replaced in pricing (see docs/ROUTING.md)"
+    return render(headers, rows) + (
+        "\n" + note if any(w.get("profile_repaired") for w in workers) else ""
+    )
+
+
+def _or_dash(x: Any) -> Any:
+    return "-" if x is None else x

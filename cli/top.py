@@ -1,7 +1,7 @@
 """``tandem top``: a live view of the cluster, redrawn from the router's status.
 
 Workers with their load, KV use, cached blocks and rates (advertised, and
-calibrated when the router calibrates); requests and tokens per second, from the
+priced: what routing uses now); requests and tokens per second, from the
 router's running totals; the most recent routing decisions. ``q`` or Ctrl-C quits.
 """
 
@@ -67,8 +67,8 @@ def render(st: p.StatusReply | None, rates: Rates, address: str, error: str = ""
 
 
 def workers_table(rows: list[dict[str, Any]]) -> Table:
-    """Rates read "advertised (calibrated)" tok/s; decode is at batch 1."""
-    t = Table(title="workers  (rates: advertised (calibrated) tok/s)", title_justify="left")
+    """Rates read "advertised (priced)" tok/s; decode is at batch 1."""
+    t = Table(title="workers  (rates: advertised (priced) tok/s)", title_justify="left")
     for col in ("worker", "device", "act", "queue", "infl", "routed", "KV", "blocks"):
         t.add_column(col, justify="left" if col in ("worker", "device") else "right")
     for col in ("prefill", "decode", "seen"):
@@ -84,8 +84,8 @@ def workers_table(rows: list[dict[str, Any]]) -> Table:
             str(w["routed_total"]),
             f"{100 * w['kv_used_tokens'] / cap:.0f}%" if cap else "-",
             str(w["cached_blocks"]),
-            _rate(w["prefill_tok_s"], w.get("calibrated_prefill_tok_s")),
-            _rate(_first(w["decode_tok_s"]), _first(w.get("calibrated_decode_tok_s"))),
+            _rate(w["prefill_tok_s"], w.get("priced_prefill_tok_s")),
+            _rate(_first(w["decode_tok_s"]), _first(w.get("priced_decode_tok_s"))),
             f"{w['last_seen_s']:.1f}s",
         )
     if not rows:
@@ -117,10 +117,10 @@ def _first(rates: list[float] | None) -> float | None:
     return rates[0] if rates else None
 
 
-def _rate(advertised: float | None, calibrated: float | None) -> str:
+def _rate(advertised: float | None, priced: float | None) -> str:
     if advertised is None:
         return "-"
-    return f"{advertised:.0f}" + (f" ({calibrated:.0f})" if calibrated is not None else "")
+    return f"{advertised:.0f}" + (f" ({priced:.0f})" if priced is not None else "")
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from tandem.cli.options import client_addr
+from tandem.cli.options import client_addr, keys_option
 
 
 @click.command()
@@ -30,6 +30,7 @@ from tandem.cli.options import client_addr
 @click.option("--stream", is_flag=True, help="Print tokens as they arrive.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("--timeout-s", type=float, default=300.0, show_default=True)
+@keys_option
 def generate(
     prompt: str,
     router_addr: str,
@@ -45,6 +46,7 @@ def generate(
     stream: bool,
     as_json: bool,
     timeout_s: float,
+    keys: str | None,
 ) -> None:
     """Generate a completion for PROMPT."""
     from tandem.client import Client, TandemError
@@ -60,8 +62,9 @@ def generate(
         ignore_eos=ignore_eos,
         worker=worker_sel,
     )
+    _check_arguments(text_arg, options, timeout_s)
     try:
-        with Client(router_addr, timeout_s=timeout_s) as c:
+        with Client(router_addr, timeout_s=timeout_s, keys=keys) as c:
             s = c.stream(**text_arg, **options)
             for delta in s:
                 if stream and not as_json:
@@ -70,6 +73,9 @@ def generate(
     except TandemError as exc:
         click.echo(f"error ({exc.code}): {exc.message}", err=True)
         sys.exit(1)
+    except ValueError as exc:  # e.g. an unreadable keys folder
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
     if as_json:
         click.echo(json.dumps(result.to_json()))
         return
@@ -83,19 +89,45 @@ def generate(
     )
 
 
+def _check_arguments(text_arg: dict, options: dict, timeout_s: float) -> None:
+    """One clear line and exit 1 for any argument the request cannot carry."""
+    from tandem.client.session import make_submit
+    from tandem.common import protocol as p
+
+    problem = None
+    if not 0 < timeout_s < 1e9:
+        problem = "--timeout-s must be a positive number of seconds"
+    try:
+        submit = make_submit(**text_arg, **options)
+        bad = submit.sampling.problem(max_tokens_limit=2**31)
+        problem = problem or (bad.message if bad else None)
+        p.encode(submit)
+    except UnicodeError:  # undecodable bytes in the command line
+        problem = problem or "the arguments must be valid UTF-8 text"
+    except (OverflowError, ValueError, TypeError) as exc:  # ints past 64 bits, ...
+        problem = problem or f"an argument is out of range: {exc}"
+    if problem:  # the same line and exit code as the router's bad_request
+        click.echo(f"error (bad_request): {problem}", err=True)
+        sys.exit(1)
+
+
 @click.command()
 @client_addr
 @click.option("--json", "as_json", is_flag=True)
-def status(router_addr: str, as_json: bool) -> None:
+@keys_option
+def status(router_addr: str, as_json: bool, keys: str | None) -> None:
     """Show the router's workers and their load."""
     from tandem.client import Client, TandemError
 
     try:
-        with Client(router_addr, connect_timeout_s=3.0, retries=1) as c:
+        with Client(router_addr, connect_timeout_s=3.0, retries=1, keys=keys) as c:
             reply = c.status()
     except TandemError as exc:
         click.echo(f"error ({exc.code}): {exc.message}", err=True)
         sys.exit(1)
+    except ValueError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
     if as_json:
         click.echo(
             json.dumps(

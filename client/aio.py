@@ -12,7 +12,9 @@ import zmq.asyncio
 from tandem.client.errors import RequestTimeout, TandemError, from_error
 from tandem.client.session import Assembly, Delta, Result, make_submit, request_id_of
 from tandem.common import protocol as p
+from tandem.common.auth import peer_setup
 from tandem.common.settings import addresses
+from tandem.common.transport import CLIENT_FRAME_BYTES
 
 DRAIN_MAX = 255  # messages read per wake-up beyond the first
 
@@ -20,15 +22,22 @@ DRAIN_MAX = 255  # messages read per wake-up beyond the first
 class AsyncClient:
     """Many concurrent requests over one connection; use inside a running loop."""
 
-    def __init__(self, address: str | None = None, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, address: str | None = None, timeout_s: float = 300.0, keys: str | None = None
+    ) -> None:
         self.address = address or addresses().client
         self.timeout_s = timeout_s
         self._ctx = zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, CLIENT_FRAME_BYTES)
+        setup = peer_setup(keys, "client")  # CURVE, when the router uses keys
+        if setup is not None:
+            setup(self._sock)
         self._sock.connect(self.address)
         self._boxes: dict[str | None, asyncio.Queue[p.Message]] = {}
         self._reader: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -39,6 +48,8 @@ class AsyncClient:
     async def close(self) -> None:
         if self._reader:
             self._reader.cancel()
+        if self._watcher:
+            self._watcher.cancel()
         self._sock.close(linger=0)
 
     async def generate(self, prompt: str | None = None, **kwargs: Any) -> Result:
@@ -126,8 +137,26 @@ class AsyncClient:
 
     def _box(self, rid: str | None) -> asyncio.Queue[p.Message]:
         if self._reader is None or self._reader.done():
-            self._reader = asyncio.get_running_loop().create_task(self._read())
+            loop = asyncio.get_running_loop()
+            self._reader = loop.create_task(self._read())
+            # The monitor attaches now, before the first request leaves: a router that
+            # answers and dies at once must not close the connection unobserved.
+            monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self._watcher = loop.create_task(self._watch(monitor))
         return self._boxes.setdefault(rid, asyncio.Queue())
+
+    async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
+        """A closed connection fails every open request at once (RouterLost)."""
+        try:
+            while True:
+                await monitor.recv_multipart()
+                for rid, box in self._boxes.items():
+                    if rid is not None:
+                        box.put_nowait(
+                            p.Error(p.ROUTER_LOST, "the connection to the router closed", rid)
+                        )
+        finally:
+            monitor.close(linger=0)
 
     async def _get(self, box: asyncio.Queue[p.Message], rid: str | None) -> p.Message:
         if not box.empty():  # tokens often arrive in bursts: skip wait_for's task and timer

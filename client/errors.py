@@ -10,10 +10,17 @@ class TandemError(Exception):
 
     code = "error"
 
-    def __init__(self, message: str, request_id: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        request_id: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.request_id = request_id
+        self.retry_after_s = retry_after_s  # set with Overloaded: when to try again
         if code:
             self.code = code
 
@@ -42,13 +49,27 @@ class Overloaded(TandemError):
     code = p.OVERLOADED
 
 
+class RouterLost(TandemError):
+    """The connection to the router closed mid-request (router stopped or restarted)."""
+
+    code = p.ROUTER_LOST
+
+
 class RequestTimeout(TandemError, TimeoutError):
     code = "timeout"
 
 
 _BY_CODE: dict[str, type[TandemError]] = {
     cls.code: cls
-    for cls in (BadRequest, PromptTooLong, VersionMismatch, NoWorkers, WorkerLost, Overloaded)
+    for cls in (
+        BadRequest,
+        PromptTooLong,
+        VersionMismatch,
+        NoWorkers,
+        WorkerLost,
+        Overloaded,
+        RouterLost,
+    )
 }
 _BY_CODE[p.BAD_FRAME] = BadRequest
 _BY_CODE[p.DUPLICATE_REQUEST] = BadRequest
@@ -56,4 +77,4 @@ _BY_CODE[p.DUPLICATE_REQUEST] = BadRequest
 
 def from_error(msg: p.Error) -> TandemError:
     cls = _BY_CODE.get(msg.code, TandemError)
-    return cls(msg.message, msg.request_id, msg.code)
+    return cls(msg.message, msg.request_id, msg.code, msg.retry_after_s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,7 @@ class Result:
     request_id: str
     text: str
     token_ids: list[int]
-    finish_reason: str
+    finish_reason: p.FinishReason
     stats: dict[str, Any]
     worker: str | None = None
 
@@ -40,21 +41,34 @@ class Delta:
     text: str
 
 
+SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(p.SamplingParams))
+
+
 def make_submit(
     prompt: str | None = None,
     *,
     tokens: list[int] | None = None,
     messages: list[dict[str, Any]] | None = None,
     request_id: str | None = None,
+    sampling: p.SamplingParams | None = None,
     **options: Any,
 ) -> p.Submit:
-    """A Submit with a fresh request id; ``options`` are Submit's other fields."""
+    """A Submit with a fresh request id. ``options``: SamplingParams fields
+    (max_tokens, temperature, ...; or a whole ``sampling``) and Submit's own
+    (stream, worker)."""
+    given = {k: v for k, v in options.items() if k in SAMPLING_FIELDS}
+    if sampling is not None and given:
+        raise TypeError(f"give sampling= or its fields {sorted(given)}, not both")
+    if "stop" in given:
+        given["stop"] = list(given["stop"])
+    rest = {k: v for k, v in options.items() if k not in SAMPLING_FIELDS}
     return p.Submit(
         request_id=request_id or uuid.uuid4().hex,
         prompt=prompt,
         tokens=tokens,
         messages=messages,
-        **options,
+        sampling=sampling or p.SamplingParams(**given),
+        **rest,
     )
 
 
@@ -83,7 +97,7 @@ class Assembly:
                 self.token_ids,
                 msg.finish_reason,
                 msg.stats,
-                self.worker or msg.stats.get("worker"),
+                msg.stats.get("worker") or self.worker,  # the last one, if it migrated
             )
         elif isinstance(msg, p.Error):
             raise from_error(msg)

@@ -7,11 +7,24 @@ from collections import defaultdict, deque
 from collections.abc import Iterator
 from typing import Any
 
-from tandem.client.errors import RequestTimeout, TandemError, from_error
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from tandem.client.errors import BadRequest, RequestTimeout, TandemError, from_error
 from tandem.client.session import Assembly, Delta, Result, make_submit, request_id_of
 from tandem.common import protocol as p
+from tandem.common.auth import peer_setup
 from tandem.common.settings import addresses
-from tandem.common.transport import DealerSocket
+from tandem.common.transport import CLIENT_FRAME_BYTES, DealerSocket
+
+# A closed connection loses every request in flight on it: the router answers on
+# the connection a request came in on, and a reconnected socket is a new peer.
+_REFUSED = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+_LOST_EVENTS = zmq.EVENT_DISCONNECTED | _REFUSED
 
 
 class Client:
@@ -21,6 +34,9 @@ class Client:
     no reply); then the request is cancelled and RequestTimeout raised.
     ``connect_timeout_s`` / ``retries``: a request not accepted in time is sent
     again on a fresh socket (the router may have restarted), up to ``retries`` times.
+    ``keys``: the CURVE keys folder when the router uses keys (default TANDEM_KEYS).
+    When the connection drops mid-request the request fails at once with
+    RouterLost instead of waiting out ``timeout_s``.
     """
 
     def __init__(
@@ -29,15 +45,23 @@ class Client:
         timeout_s: float = 300.0,
         connect_timeout_s: float = 10.0,
         retries: int = 2,
+        keys: str | None = None,
     ) -> None:
         self.address = address or addresses().client
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.retries = retries
-        self._sock = DealerSocket(self.address)
+        self._setup = peer_setup(keys, "client")
         self._mail: dict[str | None, deque[p.Message]] = defaultdict(deque)
+        self._open: set[str] = set()  # request ids in flight: mail for others is dropped
+        self._connect()
+
+    def _connect(self) -> None:
+        self._sock = DealerSocket(self.address, None, CLIENT_FRAME_BYTES, self._setup)
+        self._monitor = self._sock.sock.get_monitor_socket(_LOST_EVENTS)
 
     def close(self) -> None:
+        self._monitor.close(linger=0)
         self._sock.close()
 
     def __enter__(self) -> Client:
@@ -94,22 +118,59 @@ class Client:
         raise RequestTimeout(f"no reply from the router at {self.address}")
 
     def _reconnect(self) -> None:
-        self._sock.close()
-        self._sock = DealerSocket(self.address)
+        self.close()
+        self._connect()
+
+    def _send(self, msg: p.Message) -> None:
+        frame = p.encode(msg)
+        if len(frame) > CLIENT_FRAME_BYTES:
+            raise BadRequest(
+                f"the request is {len(frame)} bytes; the router accepts at most "
+                f"{CLIENT_FRAME_BYTES}",
+                getattr(msg, "request_id", None),
+            )
+        self._sock.sock.send(frame)
 
     def _next(self, request_id: str | None, timeout_s: float) -> p.Message | None:
         """The next message for ``request_id`` (None: replies without an id)."""
         box = self._mail[request_id]
         deadline = time.monotonic() + timeout_s
+        poller = zmq.Poller()
+        poller.register(self._sock.sock, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         while not box:
             left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0 or not self._sock.poll(left_ms):
+            if left_ms <= 0 or not poller.poll(left_ms):
                 return None
-            msg = self._sock.recv()
-            if isinstance(msg, p.ProtocolError):
-                msg = p.Error(msg.code, msg.message, msg.request_id)
-            self._mail[request_id_of(msg)].append(msg)
+            if self._monitor.poll(0):
+                self._on_lost()
+            while self._sock.poll(0):
+                msg = self._sock.recv()
+                if isinstance(msg, p.ProtocolError):
+                    msg = p.Error(msg.code, msg.message, msg.request_id)
+                rid = request_id_of(msg)
+                if rid is None or rid in self._open:  # else: a finished request's late mail
+                    self._mail[rid].append(msg)
         return box.popleft()
+
+    def _on_lost(self) -> None:
+        """The connection closed: every open request fails now (none can be answered)."""
+        events = []
+        while self._monitor.poll(0):
+            events.append(recv_monitor_message(self._monitor)["event"])
+        refused = any(e & _REFUSED for e in events)
+        why = "refused our handshake (wrong or missing keys?)" if refused else "closed"
+        for rid in self._open:
+            self._mail[rid].append(
+                p.Error(
+                    p.ROUTER_LOST,
+                    f"the connection to the router {self.address} {why} while the request "
+                    "ran (router stopped or restarted, or the request was too large): it "
+                    "is lost; submit it again",
+                    rid,
+                )
+            )
+        self._open.clear()
 
 
 class Stream:
@@ -135,18 +196,29 @@ class Stream:
             msg = c._next(self.request_id, c.timeout_s)
             if msg is None:
                 c.cancel(self.request_id)
+                self._close()
                 raise RequestTimeout(f"no reply for {c.timeout_s}s", self.request_id)
-            delta = self._asm.apply(msg)
+            try:
+                delta = self._asm.apply(msg)
+            except TandemError:
+                self._close()
+                raise
             if delta is not None:
                 yield delta
-        c._mail.pop(self.request_id, None)  # finished: its mailbox is not needed again
+        self._close()
+
+    def _close(self) -> None:
+        """Finished or failed: forget its mailbox; late messages for it are dropped."""
+        self.client._open.discard(self.request_id)
+        self.client._mail.pop(self.request_id, None)
 
     def _send_with_retry(self) -> None:
         """Send; if nothing comes back in time, probe the router. Alive: the request
         waits there (e.g. for a first worker). Silent: send again on a fresh socket."""
         c = self.client
         for _attempt in range(c.retries + 1):
-            c._sock.send(self.submit)
+            c._open.add(self.request_id)
+            c._send(self.submit)
             msg = c._next(self.request_id, c.connect_timeout_s)
             if msg is not None:
                 c._mail[self.request_id].appendleft(msg)  # Accepted (or Error): iter reads it
@@ -155,4 +227,5 @@ class Stream:
             if c._next(None, c.connect_timeout_s) is not None:
                 return  # the router is alive and holds the request
             c._reconnect()
+        self._close()
         raise RequestTimeout(f"the router at {c.address} did not accept the request")

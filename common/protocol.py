@@ -14,33 +14,47 @@ one to reply to). docs/PROTOCOL.md documents every message below.
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
+import hashlib
+import json
+import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union
+from enum import StrEnum
+from typing import Any, ClassVar
 
 import msgpack
 
-PROTOCOL_VERSION = 1
+from tandem.common.codec import FieldError, codec_for
+from tandem.common.errors import ErrorCode, Problem
+from tandem.common.validation import message_problem
 
-# Error codes carried by Error.code (documented in docs/PROTOCOL.md).
-BAD_FRAME = "bad_frame"  # not msgpack / not a map / unknown type
-BAD_REQUEST = "bad_request"  # well-formed frame, invalid content
-VERSION_MISMATCH = "version_mismatch"
-PROMPT_TOO_LONG = "prompt_too_long"
-NO_WORKERS = "no_workers"
-DUPLICATE_REQUEST = "duplicate_request"
-WORKER_LOST = "worker_lost"
-WORKER_ERROR = "worker_error"  # the backend failed while running the request
-INTERNAL = "internal"  # the router hit a bug handling the request
-OVERLOADED = "overloaded"
+PROTOCOL_VERSION = 3  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds
+
+
+class FinishReason(StrEnum):
+    """Why a request's stream ended (``Done.finish_reason``)."""
+
+    STOP = "stop"  # a stop string matched
+    LENGTH = "length"  # max_tokens produced
+    EOS = "eos"  # the model produced an end-of-generation token
+    CANCELLED = "cancelled"
+    PREFILL_ONLY = "prefill_only"  # the prompt was cached, nothing generated
+
+
+# Module-level names for the codes, as the rest of the code base spells them.
+BAD_FRAME, BAD_REQUEST = ErrorCode.BAD_FRAME, ErrorCode.BAD_REQUEST
+VERSION_MISMATCH, PROMPT_TOO_LONG = ErrorCode.VERSION_MISMATCH, ErrorCode.PROMPT_TOO_LONG
+NO_WORKERS, DUPLICATE_REQUEST = ErrorCode.NO_WORKERS, ErrorCode.DUPLICATE_REQUEST
+WORKER_LOST, WORKER_ERROR = ErrorCode.WORKER_LOST, ErrorCode.WORKER_ERROR
+INTERNAL, OVERLOADED = ErrorCode.INTERNAL, ErrorCode.OVERLOADED
+ROUTER_LOST = ErrorCode.ROUTER_LOST
+
+MAX_STOP_STRINGS = 16
 
 
 class ProtocolError(ValueError):
     """A frame could not be accepted. ``request_id`` is set when it could be read."""
 
-    def __init__(self, code: str, message: str, request_id: str | None = None) -> None:
+    def __init__(self, code: ErrorCode, message: str, request_id: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -52,6 +66,61 @@ class Message:
     """Base class: subclasses set TYPE and declare their fields with types."""
 
     TYPE: ClassVar[str] = ""
+
+
+# ---------------------------------------------------------------- domain types
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request generates: carried by Submit, Assign and the worker's Request.
+
+    ``max_tokens`` is the decode budget; ``prefill_only`` computes the prompt into
+    the worker's prefix cache and produces nothing (used to seed caches).
+    """
+
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    prefill_only: bool = False
+
+    @property
+    def budget(self) -> int:
+        """Output tokens this request may produce (0 when it only fills the cache)."""
+        return 0 if self.prefill_only else self.max_tokens
+
+    def problem(self, max_tokens_limit: int | None = None) -> Problem | None:
+        """What makes these parameters unusable, or None."""
+        if not self.prefill_only and self.max_tokens < 1:
+            return Problem.bad_request("max_tokens must be >= 1")
+        if max_tokens_limit is not None and self.max_tokens > max_tokens_limit:
+            return Problem.bad_request(f"max_tokens must be <= {max_tokens_limit}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            return Problem.bad_request("temperature must be a finite number >= 0")
+        if not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
+            return Problem.bad_request("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            return Problem.bad_request("top_k must be >= 0")
+        if self.seed is not None and not 0 <= self.seed < 2**64:
+            return Problem.bad_request("seed must be in [0, 2**64)")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            return Problem.bad_request(f"at most {MAX_STOP_STRINGS} stop strings")
+        if any(not s for s in self.stop):
+            return Problem.bad_request("stop strings must be non-empty")
+        return None
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    """One request as a worker's heartbeat lists it (active or queued)."""
+
+    id: str
+    prompt: int  # prompt tokens
+    cached: int  # of which reused from the prefix cache
+    prefill_remaining: int
+    decode_remaining: int
 
 
 # ---------------------------------------------------------------- handshake
@@ -70,6 +139,7 @@ class Welcome(Message):
     TYPE: ClassVar[str] = "welcome"
     router: str = "tandem"
     policy: str = ""
+    epoch: str = ""  # random per router start (broker/identity.py)
 
 
 # ---------------------------------------------------------------- client -> router
@@ -77,9 +147,7 @@ class Welcome(Message):
 class Submit(Message):
     """A generation request. Exactly one of prompt / tokens / messages is set.
 
-    ``worker`` pins the request to a worker selector (id or device label);
-    ``prefill_only`` computes the prompt into the worker's prefix cache and
-    produces no tokens (used to seed caches).
+    ``worker`` pins the request to a worker selector (id or device label).
     """
 
     TYPE: ClassVar[str] = "submit"
@@ -87,16 +155,9 @@ class Submit(Message):
     prompt: str | None = None
     tokens: list[int] | None = None
     messages: list[dict[str, Any]] | None = None
-    max_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    ignore_eos: bool = False
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     stream: bool = True
     worker: str | None = None
-    prefill_only: bool = False
 
 
 @dataclass
@@ -150,16 +211,17 @@ class Done(Message):
 
     TYPE: ClassVar[str] = "done"
     request_id: str
-    finish_reason: str  # "stop" | "length" | "eos" | "cancelled" | "prefill_only"
+    finish_reason: FinishReason
     stats: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class Error(Message):
     TYPE: ClassVar[str] = "error"
-    code: str
+    code: ErrorCode
     message: str
     request_id: str | None = None
+    retry_after_s: float | None = None  # with OVERLOADED: when trying again may succeed
 
 
 # ---------------------------------------------------------------- worker <-> router
@@ -178,28 +240,42 @@ class Ready(Message):
     prefill_tok_s: float
     decode_tok_s: list[float]  # aggregate decode tok/s at batch size 1, 2, ... max_active
     heartbeat_s: float
-    tokenizer: dict[str, Any]  # common.tokenizer.TokenizerSpec.to_wire()
+    # common.tokenizer.TokenizerSpec.to_wire(), or {} when only the hash is sent: a
+    # router that already has that tokenizer needs no 1.5 MB spec per worker.
+    tokenizer: dict[str, Any]
     max_tokens_limit: int = 4096
     instance: str = ""  # random per process start: tells a restart from a repeated Ready
+    tokenizer_hash: str = ""  # tokenizer_hash(spec); "" = not given (the spec must be)
+    step_tokens: int = 256  # the engine's per-step token budget (finish-time prediction)
+    weights: str = ""  # digest of the weights (common.gguf_file.weights_digest); "" unknown
+
+
+def tokenizer_hash(spec: dict[str, Any]) -> str:
+    """A stable name for a tokenizer spec: equal specs, equal hashes, on any peer."""
+    text = json.dumps(spec, sort_keys=True, ensure_ascii=False, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 @dataclass
 class Heartbeat(Message):
     """Worker -> router, on a period and at once when its queue or cache changes.
 
-    ``active`` / ``queued``: one dict per request: ``id``, ``prompt``,
-    ``cached``, ``prefill_remaining``, ``decode_remaining``.
+    ``active`` / ``queued``: one RequestRow per request.
     ``cache``: prefix-block changes, see common.blocks.CacheLog.
+    ``steps``: the worker's measured step costs (``common.steptime.StepModel``
+    wire form), only when they changed (at most every ``steps_every_s``) or on
+    a resync; None otherwise, and the router keeps the last one it got.
     """
 
     TYPE: ClassVar[str] = "heartbeat"
     worker_id: str
     seq: int
-    active: list[dict[str, Any]]
-    queued: list[dict[str, Any]]
+    active: list[RequestRow]
+    queued: list[RequestRow]
     kv_used_tokens: int
     kv_capacity_tokens: int
     cache: dict[str, Any]
+    steps: dict[str, Any] | None = None
 
 
 @dataclass
@@ -209,22 +285,20 @@ class Assign(Message):
     TYPE: ClassVar[str] = "assign"
     request_id: str
     tokens: list[int]
-    max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    ignore_eos: bool = False
-    prefill_only: bool = False
-    cached_estimate: int = 0  # what the router believed this worker had cached
+    sampling: SamplingParams
+    resume: int = 0  # a migrated stream: the last ``resume`` tokens were already output
 
 
 @dataclass
 class Reregister(Message):
-    """Router -> worker: "I do not know you" (e.g. the router restarted): send Ready."""
+    """Router -> worker: "I do not know you" (e.g. the router restarted): send Ready.
+
+    ``tokenizer``: the router lacks the tokenizer a hash-only Ready named: send the
+    Ready again with the full spec.
+    """
 
     TYPE: ClassVar[str] = "reregister"
+    tokenizer: bool = False
 
 
 @dataclass
@@ -266,8 +340,12 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
 
 
 # ---------------------------------------------------------------- encoding
+# Each class is compiled once, here at import (common/codec.py says how and why).
+_CODECS = {cls: codec_for(cls) for cls in MESSAGE_TYPES.values()}
+
+
 def encode(msg: Message) -> bytes:
-    body = dataclasses.asdict(msg)
+    body = _CODECS[type(msg)].to_map(msg)  # nested dataclasses become maps, StrEnums stay str
     body["v"] = PROTOCOL_VERSION
     body["type"] = msg.TYPE
     return msgpack.packb(body, use_bin_type=True)
@@ -279,11 +357,13 @@ def decode(frame: bytes) -> Message:
         body = msgpack.unpackb(frame, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types
         raise ProtocolError(BAD_FRAME, f"frame is not valid msgpack: {exc}") from None
-    if not isinstance(body, dict):
+    if type(body) is not dict:
         raise ProtocolError(BAD_FRAME, "frame must be a msgpack map")
-    if not all(isinstance(k, str) for k in body):
+    if not all(type(k) is str for k in body):
         raise ProtocolError(BAD_FRAME, "frame keys must be strings")
-    rid = body.get("request_id") if isinstance(body.get("request_id"), str) else None
+    rid = body.get("request_id")
+    if type(rid) is not str:
+        rid = None
     version = body.pop("v", None)
     if version != PROTOCOL_VERSION:
         raise ProtocolError(
@@ -293,73 +373,14 @@ def decode(frame: bytes) -> Message:
             rid,
         )
     tag = body.pop("type", None)
-    cls = MESSAGE_TYPES.get(tag) if isinstance(tag, str) else None
+    cls = MESSAGE_TYPES.get(tag) if type(tag) is str else None
     if cls is None:
         raise ProtocolError(BAD_FRAME, f"unknown message type {tag!r}", rid)
-    return _build(cls, body, rid)
-
-
-_Schema = tuple[dict[str, Any], dict[str, dataclasses.Field]]
-_SCHEMAS: dict[str, _Schema] = {}  # by message tag
-
-
-def _schema(cls: type[Message]) -> _Schema:
-    """A message class's field types and fields, worked out once per class:
-    get_type_hints evaluates every annotation string (~0.5 ms), per frame before."""
-    schema = _SCHEMAS.get(cls.TYPE)
-    if schema is None:
-        hints = typing.get_type_hints(cls)
-        schema = _SCHEMAS[cls.TYPE] = (hints, {f.name: f for f in dataclasses.fields(cls)})
-    return schema
-
-
-def _build(cls: type[Message], body: dict[str, Any], rid: str | None) -> Message:
-    hints, fields = _schema(cls)
-    unknown = sorted(set(body) - set(fields))
-    if unknown:
-        raise ProtocolError(BAD_REQUEST, f"{cls.TYPE}: unknown field(s) {unknown}", rid)
-    for name, f in fields.items():
-        if name not in body:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ProtocolError(BAD_REQUEST, f"{cls.TYPE}: missing field {name!r}", rid)
-            continue
-        if not _conforms(body[name], hints[name]):
-            raise ProtocolError(
-                BAD_REQUEST,
-                f"{cls.TYPE}.{name}: expected {_type_name(hints[name])}, "
-                f"got {type(body[name]).__name__}",
-                rid,
-            )
-        if hints[name] is float and isinstance(body[name], int):
-            body[name] = float(body[name])
-    return cls(**body)
-
-
-def _conforms(value: Any, hint: Any) -> bool:
-    origin = typing.get_origin(hint)
-    if hint is Any:
-        return True
-    if origin in (Union, types.UnionType):
-        return any(_conforms(value, arg) for arg in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
-    if origin is list:
-        (item,) = typing.get_args(hint)
-        return isinstance(value, list) and all(_conforms(v, item) for v in value)
-    if origin is dict:
-        return isinstance(value, dict) and all(isinstance(k, str) for k in value)
-    raise TypeError(f"unsupported field type {hint!r}")  # a bug in this module
-
-
-def _type_name(hint: Any) -> str:
-    if typing.get_origin(hint) is not None:  # list[int], str | None, ...
-        return str(hint).replace("typing.", "")
-    return getattr(hint, "__name__", str(hint))
+    try:
+        msg = _CODECS[cls].build(body)
+    except FieldError as exc:
+        raise ProtocolError(BAD_REQUEST, str(exc), rid) from None
+    problem = message_problem(msg)  # values within bounds (common/validation.py)
+    if problem is not None:
+        raise ProtocolError(problem.code, problem.message, rid)
+    return msg

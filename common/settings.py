@@ -31,16 +31,6 @@ def env_str(name: str, default: str) -> str:
     return os.environ.get(f"TANDEM_{name}", default)
 
 
-def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(f"TANDEM_{name}")
-    if raw is None:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"TANDEM_{name}={raw!r} is not a number") from None
-
-
 def addresses() -> Addresses:
     """The router's addresses from TANDEM_CLIENT_ADDR / TANDEM_WORKER_ADDR."""
     return Addresses(

@@ -19,11 +19,18 @@ from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer
+
+from tandem.common.bpe import LLAMA3_PRES, bpe_tokenizer
+from tandem.common.gguf_file import read_gguf_header
+from tandem.common.spm import build_spm_tokenizer
 
 log = logging.getLogger(__name__)
 
+SPEC_FORMAT = 2  # bump when the GGUF -> spec conversion changes: disk-cached specs are rebuilt
+
 # GGUF `tokenizer.ggml.token_type` values (llama.cpp's llama_token_type).
+_TOKEN_UNKNOWN = 2
 _TOKEN_CONTROL = 3
 _TOKEN_USER_DEFINED = 4
 
@@ -41,22 +48,7 @@ EOG_TEXTS = frozenset({
 })
 # fmt: on
 
-# Pre-tokenizer names from `tokenizer.ggml.pre`, grouped by the regexes llama.cpp
-# applies (llama-vocab.cpp, llm_tokenizer_bpe). Regexes are the HF originals.
-_DIGITS_GPT2 = frozenset(
-    {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"}
-)
-_GPT2 = frozenset({"gpt-2", "gpt2", "phi-2", "mpt", "olmo", "jais", "jina-es", "jina-de"})
-_LLAMA3 = frozenset(
-    {"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "dbrx", "smaug-bpe", "lfm2"}
-)
-_QWEN2 = frozenset({"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"})
-_LLAMA3_RE = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_RE = _LLAMA3_RE.replace(r"\p{N}{1,3}", r"\p{N}")
-_ADD_BOS_BY_DEFAULT = _LLAMA3 | {"tekken", "chameleon"}
+_ADD_BOS_BY_DEFAULT = LLAMA3_PRES | {"tekken", "chameleon"}
 
 
 @dataclass(frozen=True)
@@ -121,7 +113,8 @@ def tokenizer_spec_from_gguf(path: str | Path) -> TokenizerSpec:
 def _spec_from_disk_or_gguf(path: str, size: int, mtime_ns: int) -> TokenizerSpec:
     from tandem.common.model_files import cache_root
 
-    digest = hashlib.blake2b(f"{path}|{size}|{mtime_ns}".encode(), digest_size=8).hexdigest()
+    key = f"{path}|{size}|{mtime_ns}|{SPEC_FORMAT}"
+    digest = hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
     cached = cache_root() / "tokenizers" / f"{Path(path).stem}-{digest}.json"
     try:
         return TokenizerSpec.from_wire(json.loads(cached.read_text()))
@@ -140,25 +133,37 @@ def _spec_from_disk_or_gguf(path: str, size: int, mtime_ns: int) -> TokenizerSpe
 
 @functools.lru_cache(maxsize=8)
 def _spec_from_gguf_cached(path: str, mtime_ns: int) -> TokenizerSpec:
-    from gguf import GGUFReader  # heavy import, only needed here
-
-    meta = GgufMeta(GGUFReader(path))
+    meta = GgufMeta(path)
     model = meta.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ValueError(f"{path}: tokenizer model {model!r} is not supported (only 'gpt2' BPE)")
     tokens: list[str] = meta.get("tokenizer.ggml.tokens")
     types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     pre = meta.get("tokenizer.ggml.pre") or "default"
-    tokenizer_json = _build_tokenizer_json(tokens, types, meta.get("tokenizer.ggml.merges"), pre)
+    bos_id = meta.get("tokenizer.ggml.bos_token_id")
+    add_bos = meta.get("tokenizer.ggml.add_bos_token")
+    if model == "gpt2":
+        tok = bpe_tokenizer(tokens, meta.get("tokenizer.ggml.merges"), pre)
+        if add_bos is None:
+            add_bos = pre in _ADD_BOS_BY_DEFAULT
+    elif model == "llama":
+        add_space_prefix = meta.get("tokenizer.ggml.add_space_prefix")
+        tok = build_spm_tokenizer(
+            tokens,
+            meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens),
+            meta.get("tokenizer.ggml.unknown_token_id"),
+            add_space_prefix is not False,  # llama.cpp's default for SPM is on
+        )
+        add_bos = add_bos is not False
+    else:
+        raise ValueError(
+            f"{path}: tokenizer model {model!r} is not supported "
+            "(only 'gpt2' BPE and 'llama' SentencePiece)"
+        )
+    _add_special_tokens(tok, tokens, types, _rstrip_ids(meta.get("general.name"), tokens, types))
 
     eos_ids = [meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
     eos_ids += [i for i, t in enumerate(tokens) if t in EOG_TEXTS]
-    bos_id = meta.get("tokenizer.ggml.bos_token_id")
-    add_bos = meta.get("tokenizer.ggml.add_bos_token")
-    if add_bos is None:
-        add_bos = pre in _ADD_BOS_BY_DEFAULT
     return TokenizerSpec(
-        tokenizer_json=tokenizer_json,
+        tokenizer_json=tok.to_str(),
         chat_template=meta.get("tokenizer.chat_template"),
         eos_ids=tuple(dict.fromkeys(i for i in eos_ids if i is not None)),  # dedup, keep order
         bos_id=bos_id,
@@ -167,63 +172,42 @@ def _spec_from_gguf_cached(path: str, mtime_ns: int) -> TokenizerSpec:
 
 
 class GgufMeta:
-    """Typed access to GGUF key/values through the `gguf` reader's raw parts."""
+    """A GGUF file's key/values (its header only, no tensor data)."""
 
-    def __init__(self, reader: Any) -> None:
-        self._fields = reader.fields
+    def __init__(self, path: str | Path) -> None:
+        self.header = read_gguf_header(path)
 
     def get(self, key: str) -> Any:
-        from gguf import GGUFValueType
-
-        f = self._fields.get(key)
-        if f is None:
-            return None
-        kind = f.types[0]
-        if kind == GGUFValueType.ARRAY:
-            if f.types[-1] == GGUFValueType.STRING:
-                return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
-            return [f.parts[i].tolist()[0] for i in f.data]
-        if kind == GGUFValueType.STRING:
-            return bytes(f.parts[f.data[0]]).decode("utf-8")
-        value = f.parts[f.data[0]].tolist()[0]
-        return bool(value) if kind == GGUFValueType.BOOL else value
+        """The value of `key` (lists for arrays), or None when absent."""
+        return self.header.kv.get(key)
 
 
-def _pre_tokenizer(pre: str) -> tuple[Any, bool]:
-    """(HF pre-tokenizer, ignore_merges) matching llama.cpp's splitting for `pre`."""
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in _DIGITS_GPT2:
-        # llama.cpp splits every digit apart before the GPT-2 regex.
-        digits = pre_tokenizers.Digits(individual_digits=True)
-        return pre_tokenizers.Sequence([digits, byte_level]), False
-    if pre in _LLAMA3 or pre in _QWEN2:
-        regex = _LLAMA3_RE if pre in _LLAMA3 else _QWEN2_RE
-        split = pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False)
-        raw_bytes = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-        return pre_tokenizers.Sequence([split, raw_bytes]), pre in _LLAMA3
-    if pre not in _GPT2:
-        log.warning("unknown GGUF pre-tokenizer %r: using GPT-2 ByteLevel; ids may differ", pre)
-    return byte_level, False
+def _rstrip_ids(name: str | None, tokens: list[str], types: list[int]) -> frozenset[int]:
+    """Tokens that eat the whitespace after them: llama.cpp sets this for Phi-3 models
+    (by `general.name`) on its special tokens and `</s>`, except `<unk>`, `<s>` and
+    `<|endoftext|>` (llama-vocab.cpp, "set attributes by model name")."""
+    if not name or not any(n in name.lower() for n in ("phi-3", "phi3")):
+        return frozenset()
+    special = (_TOKEN_UNKNOWN, _TOKEN_CONTROL, _TOKEN_USER_DEFINED)
+    ids = {i for i, t in enumerate(types) if t in special} | {
+        i for i, text in enumerate(tokens) if text == "</s>"
+    }
+    return frozenset(i for i in ids if tokens[i] not in ("<unk>", "<s>", "<|endoftext|>"))
 
 
-def _build_tokenizer_json(tokens: list[str], types: list[int], merges: list[str], pre: str) -> str:
-    """An HF tokenizer JSON for a GPT-2 style byte-level BPE vocabulary."""
-    vocab: dict[str, int] = {}
-    for i, text in enumerate(tokens):
-        # As llama.cpp's loader: empty texts get a placeholder, a duplicate's last id wins.
-        vocab[text or f"[EMPTY_{i}]"] = i
-    pairs = [(a, b) for a, _, b in (m.partition(" ") for m in merges or [])]
-    pre_tok, ignore_merges = _pre_tokenizer(pre)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges))
-    tok.pre_tokenizer = pre_tok
-    tok.decoder = decoders.ByteLevel()
-    # Control tokens are matched in text only when special parsing is on;
-    # user-defined ones always (llama.cpp tokenizer_st_partition).
-    control = [i for i, t in enumerate(types) if t == _TOKEN_CONTROL]
+def _add_special_tokens(
+    tok: Tokenizer, tokens: list[str], types: list[int], rstrip: frozenset[int]
+) -> None:
+    """Control (and unknown) tokens are matched in text only when special parsing is
+    on; user-defined ones always (llama.cpp tokenizer_st_partition)."""
+    control = [i for i, t in enumerate(types) if t in (_TOKEN_CONTROL, _TOKEN_UNKNOWN)]
     user = [i for i, t in enumerate(types) if t == _TOKEN_USER_DEFINED]
-    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in control])
-    tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in user])
-    return tok.to_str()
+
+    def added(i: int, special: bool) -> AddedToken:
+        return AddedToken(tokens[i], special=special, normalized=False, rstrip=i in rstrip)
+
+    tok.add_special_tokens([added(i, True) for i in control])
+    tok.add_tokens([added(i, False) for i in user])
 
 
 class TextTokenizer:
@@ -270,11 +254,15 @@ class TextTokenizer:
         bos = self._token_text(self.spec.bos_id)
         eos = self._token_text(self.spec.eos_ids[0] if self.spec.eos_ids else None)
         try:
-            return self._template.render(
+            text = self._template.render(
                 messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos
             )
         except jinja2.TemplateError as e:
             raise ValueError(f"chat template failed: {e}") from e
+        if self.spec.add_bos and bos and text.startswith(bos):
+            # encode() adds BOS itself; llama.cpp drops the template's copy likewise.
+            text = text[len(bos) :]
+        return text
 
     def _token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else (self._tok.id_to_token(token_id) or "")

@@ -8,6 +8,7 @@ one thread only (it may be created on another before that thread starts).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import zmq
 
@@ -16,17 +17,33 @@ from tandem.common.protocol import Message, ProtocolError
 
 log = logging.getLogger(__name__)
 
+# Send flags as plain ints: combining zmq's flag enums costs more than the send.
+_NOW = int(zmq.NOBLOCK)
+_MORE_NOW = int(zmq.SNDMORE | zmq.NOBLOCK)
+
+
+CLIENT_FRAME_BYTES = 8 << 20  # the router's limit on client frames (a Submit)
+Setup = Callable[[zmq.Socket], None]  # e.g. CURVE options (common/auth.py), before bind/connect
+
 
 def context() -> zmq.Context:
     return zmq.Context.instance()
 
 
+def _limit(sock: zmq.Socket, max_msg_bytes: int, setup: Setup | None) -> None:
+    # A larger frame closes the sender's connection before it is ever buffered whole.
+    sock.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)
+    if setup is not None:
+        setup(sock)
+
+
 class RouterSocket:
     """A bound ROUTER socket: every message comes with the sender's identity."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, max_msg_bytes: int = -1, setup: Setup | None = None) -> None:
         self.sock = context().socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        _limit(self.sock, max_msg_bytes, setup)
         # Fail loudly instead of silently dropping frames to a peer that left.
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # Token streams are many small frames: a deep queue absorbs a slow reader.
@@ -37,7 +54,9 @@ class RouterSocket:
     def send(self, identity: bytes, msg: Message) -> bool:
         """Send to one peer; False when the peer is gone (never raises for that)."""
         try:
-            self.sock.send_multipart([identity, protocol.encode(msg)], flags=zmq.NOBLOCK)
+            frame = protocol.encode(msg)
+            self.sock.send(identity, _MORE_NOW)
+            self.sock.send(frame, _NOW)
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH (peer left) or EAGAIN (peer stalled)
             log.warning("dropping %s to %r: %s", msg.TYPE, identity, exc)
@@ -45,7 +64,21 @@ class RouterSocket:
 
     def recv(self) -> tuple[bytes, Message | ProtocolError]:
         """One message, or the ProtocolError that describes why it was rejected."""
-        parts = self.sock.recv_multipart()
+        return self._parse(self.sock.recv_multipart())
+
+    def recv_nowait(self) -> tuple[bytes, Message | ProtocolError] | None:
+        """Like ``recv``, or None at once when nothing is waiting.
+
+        Draining with this instead of ``poll(0)`` + ``recv`` saves building a
+        poller per message (``Socket.poll`` makes one each call).
+        """
+        try:
+            parts = self.sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+        return self._parse(parts)
+
+    def _parse(self, parts: list[bytes]) -> tuple[bytes, Message | ProtocolError]:
         identity = parts[0]
         if len(parts) != 2:
             return identity, ProtocolError(
@@ -63,9 +96,16 @@ class RouterSocket:
 class DealerSocket:
     """A connected DEALER socket (client or worker side)."""
 
-    def __init__(self, address: str, identity: bytes | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        identity: bytes | None = None,
+        max_msg_bytes: int = -1,
+        setup: Setup | None = None,
+    ) -> None:
         self.sock = context().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        _limit(self.sock, max_msg_bytes, setup)
         if identity:
             self.sock.setsockopt(zmq.IDENTITY, identity)
         self.sock.connect(address)

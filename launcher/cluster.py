@@ -48,6 +48,7 @@ class Cluster:
     transport: str = "ipc"  # or "tcp"
     log_dir: Path | None = None
     start_timeout_s: float = 60.0
+    keys: str | None = None  # CURVE keys folder for every process and client (`tandem keys`)
 
     def __post_init__(self) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="tandem-")
@@ -79,6 +80,7 @@ class Cluster:
                 self.client_addr,
                 "--worker-addr",
                 self.worker_addr,
+                *self._keys_args(),
                 *self.router_args,
             ],
         )
@@ -86,10 +88,21 @@ class Cluster:
     def start_worker(self, spec: WorkerSpec, wait: bool = True) -> None:
         self._spawn(
             spec.worker_id,
-            ["worker", "--router", self.worker_addr, "--worker-id", spec.worker_id, *spec.args],
+            [
+                "worker",
+                "--router",
+                self.worker_addr,
+                "--worker-id",
+                spec.worker_id,
+                *self._keys_args(),
+                *spec.args,
+            ],
         )
         if wait:
             self.wait_for_workers({spec.worker_id})
+
+    def _keys_args(self) -> list[str]:
+        return ["--keys", self.keys] if self.keys else []
 
     def start(self) -> Cluster:
         self.start_router()
@@ -140,15 +153,21 @@ class Cluster:
         proc.send_signal(sig)
         proc.wait(timeout=10)
 
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
+    def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM every process (workers first, so their Goodbyes reach the router),
+        wait for all of them together for ``grace_s``, SIGKILL what is left."""
+        order = sorted(self.procs, key=lambda name: name == "router")
+        for name in order:
+            if self.procs[name].poll() is None:
+                self.procs[name].send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for name in order:
+            proc = self.procs[name]
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
         self.procs.clear()
 
     def log(self, name: str) -> str:
@@ -157,7 +176,7 @@ class Cluster:
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""
 
     def client(self, **kwargs: float) -> Client:
-        return Client(self.client_addr, **kwargs)  # type: ignore[arg-type]
+        return Client(self.client_addr, keys=self.keys, **kwargs)  # type: ignore[arg-type]
 
     def __enter__(self) -> Cluster:
         return self.start()

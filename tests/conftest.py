@@ -15,3 +15,15 @@ def cluster():
         workers=[WorkerSpec("cpu0", LLAMA_ARGS)], router_args=["--policy", "least_loaded"]
     ) as c:
         yield c
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark by layer: every parity test and every test on the llama.cpp `cluster`
+    fixture needs the real model (`-m "not model"` is the fast loop), and MLX
+    parity tests carry `mlx` too."""
+    for item in items:
+        path = str(item.path)
+        if "/tests/parity/" in path or "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.model)
+        if "/tests/parity/test_mlx" in path:
+            item.add_marker(pytest.mark.mlx)

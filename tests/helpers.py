@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,9 @@ class Harness:
         tag = uuid.uuid4().hex
         self.log_path = tmp_path / "decisions.jsonl"
         addrs = Addresses(f"inproc://c-{tag}", f"inproc://w-{tag}")
-        self.router = Router(RouterConfig(addrs, policy, decision_log=str(self.log_path), **cfg))
+        self.router = Router(
+            RouterConfig(addresses=addrs, policy=policy, decision_log=str(self.log_path), **cfg)
+        )
         self.client = DealerSocket(addrs.client)
         self.workers: dict[str, DealerSocket] = {}
         self.spec = tiny_tokenizer()
@@ -81,7 +84,7 @@ class Harness:
         return msg
 
     def submit(self, rid: str, tokens: list[int], max_tokens: int = 32) -> p.Accepted:
-        self.client.send(p.Submit(rid, tokens=tokens, max_tokens=max_tokens))
+        self.client.send(p.Submit(rid, tokens=tokens, sampling=p.SamplingParams(max_tokens)))
         self.pump()
         msg = self.recv(self.client)
         assert isinstance(msg, p.Accepted), msg
@@ -92,14 +95,14 @@ class Harness:
         assert isinstance(msg, p.Assign)
         return msg
 
-    def heartbeat(self, wid: str, seq: int, active=(), queued=(), blocks=None) -> None:
+    def heartbeat(self, wid: str, seq: int, active=(), queued=(), blocks=None, steps=None) -> None:
         cache = {"full": True, "seq": seq, "blocks": list(blocks or [])}
-        hb = p.Heartbeat(wid, seq, list(active), list(queued), 0, 8192, cache)
+        hb = p.Heartbeat(wid, seq, list(active), list(queued), 0, 8192, cache, steps)
         self.workers[wid].send(hb)
         self.pump()
 
-    def view(self, wid: str, tokens: list[int]) -> WorkerView:
-        return self.router.workers[wid].view(tokens)
+    def view(self, wid: str, tokens: list[int], live: bool = True) -> WorkerView:
+        return self.router.workers[wid].view(tokens, live)
 
     def decisions(self) -> list[dict[str, Any]]:
         return [json.loads(x) for x in self.log_path.read_text().splitlines()]
@@ -227,3 +230,14 @@ def greedy_reference(
         L.llama_batch_free(batch)
         L.llama_free(ctx)
         L.llama_model_free(model)
+
+
+def wait_for(client: Any, check: Any, timeout_s: float = 20.0) -> None:
+    """Poll the router's status until ``check(workers)`` holds (heartbeats arrive on
+    their own schedule: state is awaited, never assumed after a fixed sleep)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check(client.status().workers):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out; last status: {client.status().workers}")

@@ -7,14 +7,40 @@ import socket
 from dataclasses import dataclass, field
 
 from tandem.workers.backends import BACKENDS
-from tandem.workers.engine import EngineConfig
 
 WARMUP = ("auto", "on", "off")
 DEFAULT_PREFILL_TOK_S, DEFAULT_DECODE_TOK_S = 200.0, 50.0  # no profile, no flags: a guess
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """How one worker's engine schedules: slots, step budget, prefix cache, heartbeats."""
+
+    max_active: int = 4
+    step_tokens: int = 256  # per-step token budget: decode tokens first, then prefill chunks
+    block_size: int = 16
+    cache_tokens: int = 4096  # prefix cache budget (KV tokens kept after requests end)
+    cache_entries: int = 16
+    heartbeat_s: float = 0.5
+    max_tokens_limit: int = 4096
+    full_resync_s: float = 30.0  # a full block listing this often, whatever the deltas said
+    steps_every_s: float = 1.0  # the step-time model rides a heartbeat at most this often
+
+    def __post_init__(self) -> None:
+        if self.max_active < 1:
+            raise ValueError("max_active must be >= 1")
+        if self.step_tokens < self.max_active:
+            raise ValueError("step_tokens must be >= max_active (one decode token each)")
+        if self.block_size < 1 or self.heartbeat_s <= 0 or self.steps_every_s <= 0:
+            raise ValueError("block_size must be >= 1, heartbeat_s and steps_every_s > 0")
+        if self.cache_tokens < 0 or self.cache_entries < 0 or self.max_tokens_limit < 1:
+            raise ValueError("cache_tokens, cache_entries >= 0 and max_tokens_limit >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
 class WorkerConfig:
+    """A worker process's settings; `tandem worker`'s options map onto these fields."""
+
     router: str
     backend: str = "llama.cpp"
     model: str | None = None  # None: the embedded default model
@@ -26,7 +52,9 @@ class WorkerConfig:
     prefill_tok_s: float | None = None  # None: from the stored profile, else a default
     decode_tok_s: tuple[float, ...] | None = None
     profile: str | None = None  # sim backend: its device profile file
+    cpus: tuple[int, ...] | None = None  # cores this worker (and its threads) may use
     warmup: str = "auto"  # on | off | auto (on for GPU devices): see workers.profiler.warm_up
+    keys: str | None = None  # CURVE keys folder (common/auth.py); None: TANDEM_KEYS or none
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

@@ -15,13 +15,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tandem.common import protocol as p
+from tandem.common.protocol import FinishReason
 from tandem.common.tokenizer import TokenizerSpec
+from tandem.workers.config import EngineConfig
 from tandem.workers.prefix_cache import Match, PrefixCache
 from tandem.workers.request import Request, Status
+from tandem.workers.schedule import admissible, plan_step, reservation
+from tandem.workers.steptimer import StepTimer
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,7 @@ class Backend(Protocol):
     name: str  # "llama.cpp", "mlx", "sim"
     device: str  # label shown to users and matched by forced:<selector>
     model_name: str
+    weights_digest: str  # common.gguf_file.weights_digest of the served weights ("" unknown)
     n_ctx: int  # KV cells shared by all sequences
     vocab_size: int
     tokenizer_spec: TokenizerSpec
@@ -61,28 +65,6 @@ class Backend(Protocol):
     def is_eog(self, token: int) -> bool: ...
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    max_active: int = 4
-    step_tokens: int = 256  # per-step token budget: decode tokens first, then prefill chunks
-    block_size: int = 16
-    cache_tokens: int = 4096  # prefix cache budget (KV tokens kept after requests end)
-    cache_entries: int = 16
-    heartbeat_s: float = 0.5
-    max_tokens_limit: int = 4096
-    full_resync_s: float = 30.0  # a full block listing this often, whatever the deltas said
-
-    def __post_init__(self) -> None:
-        if self.max_active < 1:
-            raise ValueError("max_active must be >= 1")
-        if self.step_tokens < self.max_active:
-            raise ValueError("step_tokens must be >= max_active (one decode token each)")
-        if self.block_size < 1 or self.heartbeat_s <= 0:
-            raise ValueError("block_size must be >= 1 and heartbeat_s > 0")
-        if self.cache_tokens < 0 or self.cache_entries < 0 or self.max_tokens_limit < 1:
-            raise ValueError("cache_tokens, cache_entries >= 0 and max_tokens_limit >= 1")
-
-
 class Engine:
     def __init__(
         self,
@@ -91,11 +73,13 @@ class Engine:
         emit: Callable[[p.Message], None],
         worker_id: str,
         inbox: queue.Queue[p.Message] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.backend = backend
         self.cfg = config
         self.emit = emit
         self.worker_id = worker_id
+        self.clock = clock  # the twin (twin/) drives the engine on a virtual clock
         self.inbox: queue.Queue[p.Message] = inbox if inbox is not None else queue.Queue()
         self.queue: deque[Request] = deque()
         self.active: list[Request] = []
@@ -103,13 +87,18 @@ class Engine:
         self._changed = True
         self._hb_seq = 0
         self._last_hb = 0.0
-        self._last_full = time.monotonic()
+        self._last_full = self.clock()
+        self.timer = StepTimer(config.steps_every_s, config.full_resync_s)
+        self.timer.clock = self.clock  # a twin's virtual clock times its virtual steps
 
     # ------------------------------------------------------------ the loop
     def run(self, stop: threading.Event) -> None:
         """Drain the inbox (blocking only when idle), step, report; until ``stop``."""
         while not stop.is_set():
-            self.drain_inbox(block=not (self.queue or self.active))
+            idle = not (self.queue or self.active)
+            if idle:  # e.g. a cancel emptied it: the open step ends before the wait
+                self.timer.stop()
+            self.drain_inbox(block=idle)
             if self.queue or self.active:
                 self.step()
             self.maybe_heartbeat()
@@ -126,18 +115,15 @@ class Engine:
     def step(self) -> None:
         """Admit -> build batch -> run -> sample -> emit."""
         self.admit()
-        decode = [r for r in self.active if r.status is Status.DECODE]
-        budget = self.cfg.step_tokens - len(decode)
-        prefill: list[tuple[Request, int]] = []
-        for r in self.active:
-            if r.status is Status.PREFILL and budget > 0:
-                n = min(r.prefill_remaining, budget)
-                prefill.append((r, n))
-                budget -= n
-        if not decode and not prefill:
+        plan = plan_step(self.active, self.cfg.step_tokens)
+        if not plan:
             return
+        decode, prefill = plan.decode, plan.prefill
+        context = sum(r.n_computed + r.n_fed for r in decode)  # KV the decode rows attend over
+        self.timer.start(len(decode), context, sum(n for _, n in prefill))
         sampled = self._run(decode, prefill)
         if sampled is None:
+            self.timer.discard()
             return
         for r in decode:
             r.n_fed += 1
@@ -149,6 +135,8 @@ class Engine:
             token = sampled.get(r.id)
             if token is not None and r.status is Status.DECODE:
                 self._on_token(r, token)
+        if not (self.queue or self.active):  # idle next: the step ends here
+            self.timer.stop()
 
     # ------------------------------------------------------------ messages
     def handle(self, msg: p.Message) -> None:
@@ -156,40 +144,61 @@ class Engine:
             self.submit(Request.from_assign(msg))
         elif isinstance(msg, p.Cancel):
             self.cancel(msg.request_id)
-        elif isinstance(msg, p.ResyncCache):
+        elif isinstance(msg, p.ResyncCache):  # also queued on every Welcome
             self.cache.log.request_full()
+            self.timer.forget_sent()  # a new router knows no step model yet
             self._changed = True
+        elif isinstance(msg, p.Reregister):
+            self.drop_all()
         else:
             log.warning("engine ignores %s", msg.TYPE)
 
     def submit(self, req: Request) -> None:
         problem = self._check(req)
         if problem:
-            self.emit(p.Error(problem[0], problem[1], req.id))
+            self.emit(p.Error(problem.code, problem.message, req.id))
             return
+        req.t_arrive = self.clock()
+        # A migrated stream: replay the text already sent so that held-back stop-string
+        # prefixes and split UTF-8 characters continue exactly where they were.
+        for token in req.prompt[len(req.prompt) - req.resumed :]:
+            req.text.feed(self.backend.piece(token))
         self.queue.append(req)
         self._changed = True
+
+    def drop_all(self) -> None:
+        """Forget every request without a word: a new registration with the router
+        began, and the router has already failed or re-routed all of them."""
+        if self.queue or self.active:
+            log.warning("dropping %d requests of an earlier registration",
+                        len(self.queue) + len(self.active))  # fmt: skip
+        self.queue.clear()
+        for r in list(self.active):
+            self.finish(r, None, notify=False)
 
     def cancel(self, request_id: str) -> None:
         for r in self.queue:
             if r.id == request_id:
                 self.queue.remove(r)
-                r.t_done = time.monotonic()
-                self.emit(p.Done(r.id, "cancelled", self._stats(r)))
+                r.t_done = self.clock()
+                self.emit(p.Done(r.id, FinishReason.CANCELLED, self._stats(r)))
                 self._changed = True
                 return
         for r in self.active:
             if r.id == request_id:
-                self.finish(r, "cancelled")
+                self.finish(r, FinishReason.CANCELLED)
                 return
         # Unknown or already finished: cancel is idempotent.
 
     # ------------------------------------------------------------ bookkeeping
     def can_admit(self, req: Request) -> bool:
         reserved = sum(self._reservation(r) for r in self.active)
-        return (
-            len(self.active) < self.cfg.max_active
-            and reserved + self._reservation(req) <= self.backend.n_ctx
+        return admissible(
+            len(self.active),
+            reserved,
+            self._reservation(req),
+            self.cfg.max_active,
+            self.backend.n_ctx,
         )
 
     def admit(self) -> None:
@@ -205,26 +214,27 @@ class Engine:
                     self.cache.unpin(match.entry)
             req.n_cached = req.n_computed = match.n_tokens
             req.status = Status.PREFILL
-            req.t_admit = time.monotonic()
+            req.t_admit = self.clock()
             self.active.append(req)
             self._changed = True
 
-    def finish(self, req: Request, reason: str, notify: bool = True) -> None:
+    def finish(self, req: Request, reason: FinishReason | None, notify: bool = True) -> None:
+        """End ``req``; ``reason`` None: it failed (an Error was sent, its KV is dropped)."""
         req.status = Status.FINISHED
         req.finish_reason = reason
-        req.t_done = time.monotonic()
-        tail = req.text.flush() if reason in ("length", "eos") else ""
+        req.t_done = self.clock()
+        tail = req.text.flush() if reason in (FinishReason.LENGTH, FinishReason.EOS) else ""
         if tail:
             self.emit(p.TokenDelta(req.id, [], tail))
         self.active.remove(req)
         handle = self.backend.end(req)
-        if reason == "error":  # its KV is what we are short of (or is suspect): drop it
+        if reason is None:  # failed: its KV is what we are short of (or is suspect): drop it
             to_free = [handle]
         else:
             _, to_free = self.cache.insert(req.kv_tokens(), handle)
         for h in to_free:
             self.backend.free(h)
-        if notify:
+        if notify and reason is not None:
             self.emit(p.Done(req.id, reason, self._stats(req)))
         self._changed = True
 
@@ -257,61 +267,64 @@ class Engine:
         self._changed = True
         return True
 
-    def _fail(self, reqs: list[Request], code: str, message: str) -> None:
+    def _fail(self, reqs: list[Request], code: p.ErrorCode, message: str) -> None:
         for r in reqs:
             if r.status is not Status.FINISHED:
                 self.emit(p.Error(code, message, r.id))
-                self.finish(r, "error", notify=False)
+                self.finish(r, None, notify=False)
 
     def _prefill_done(self, req: Request) -> None:
         if req.prefill_only:
-            self.finish(req, "prefill_only")
+            self.finish(req, FinishReason.PREFILL_ONLY)
             return
         req.status = Status.DECODE
-        req.t_first = time.monotonic()
+        req.t_first = self.clock()
 
     def _on_token(self, req: Request, token: int) -> None:
-        if self.backend.is_eog(token) and not req.ignore_eos:
-            self.finish(req, "eos")
+        if self.backend.is_eog(token) and not req.sampling.ignore_eos:
+            self.finish(req, FinishReason.EOS)
             return
         req.output.append(token)
         text = req.text.feed(self.backend.piece(token))
         self.emit(p.TokenDelta(req.id, [token], text))
         if req.text.stopped:
-            self.finish(req, "stop")
+            self.finish(req, FinishReason.STOP)
         elif len(req.output) >= req.max_tokens:
-            self.finish(req, "length")
+            self.finish(req, FinishReason.LENGTH)
 
-    def _check(self, req: Request) -> tuple[str, str] | None:
+    def _check(self, req: Request) -> p.Problem | None:
         if not req.prompt:
-            return p.BAD_REQUEST, "empty prompt"
+            return p.Problem.bad_request("empty prompt")
         if any(t < 0 or t >= self.backend.vocab_size for t in req.prompt):
-            return p.BAD_REQUEST, "token id out of the model's vocabulary"
-        if not req.prefill_only and not 1 <= req.max_tokens <= self.cfg.max_tokens_limit:
-            return p.BAD_REQUEST, f"max_tokens must be in 1..{self.cfg.max_tokens_limit}"
+            return p.Problem.bad_request("token id out of the model's vocabulary")
+        problem = req.sampling.problem(self.cfg.max_tokens_limit)
+        if problem:
+            return problem
         if self._reservation(req) > self.backend.n_ctx:
-            return p.PROMPT_TOO_LONG, (
+            return p.Problem(
+                p.PROMPT_TOO_LONG,
                 f"prompt ({len(req.prompt)}) + max_tokens ({req.max_tokens}) exceeds "
-                f"the worker's context ({self.backend.n_ctx})"
+                f"the worker's context ({self.backend.n_ctx})",
             )
         if any(r.id == req.id for r in [*self.queue, *self.active]):
-            return p.DUPLICATE_REQUEST, f"request {req.id!r} is already here"
+            return p.Problem(p.DUPLICATE_REQUEST, f"request {req.id!r} is already here")
         return None
 
     @staticmethod
     def _reservation(req: Request) -> int:
-        return len(req.prompt) + (0 if req.prefill_only else req.max_tokens)
+        return reservation(len(req.prompt), req.max_tokens, req.prefill_only)
 
     def _stats(self, req: Request) -> dict[str, Any]:
         return {**req.stats(), "worker": self.worker_id}
 
     # ------------------------------------------------------------ heartbeats
     def maybe_heartbeat(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if now - self._last_full >= self.cfg.full_resync_s:
             self.cache.log.request_full()  # heals any delta the router silently lost
             self._last_full = now
-        if self._changed or now - self._last_hb >= self.cfg.heartbeat_s:
+        due = now - self._last_hb >= self.cfg.heartbeat_s
+        if self._changed or due or self.timer.has_news():
             self.emit(self.heartbeat())
             self._last_hb = now
             self._changed = False
@@ -326,4 +339,5 @@ class Engine:
             kv_used_tokens=sum(len(r.kv_tokens()) for r in self.active) + self.cache.tokens_held,
             kv_capacity_tokens=self.backend.n_ctx,
             cache=self.cache.log.report(),
+            steps=self.timer.report(),
         )

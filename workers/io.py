@@ -15,21 +15,29 @@ the worker simply re-registers.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 
 import zmq
 
 from tandem.common import protocol as p
-from tandem.common.transport import DealerSocket, context
+from tandem.common.transport import DealerSocket, Setup, context
 
 log = logging.getLogger(__name__)
 
 _HB, _MSG = b"hb", b"msg"
 READY_BACKOFF_MAX_S = 5.0
+WORKER_FRAME_BYTES = 64 << 20  # an Assign of the largest prompt fits with room
+# A wrong router key shows as NO_DETAIL (its hello cannot be decrypted), a key
+# the router does not accept as AUTH.
+_REFUSED = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 STALL_S = 60.0  # compute-thread silence after which heartbeats are no longer repeated
 
 
@@ -40,10 +48,19 @@ class WorkerLink:
         ready: p.Ready,
         inbox: queue.Queue[p.Message],
         stall_s: float = STALL_S,
+        setup: Setup | None = None,
     ) -> None:
         self.router_addr = router_addr
+        self.setup = setup  # CURVE options when the router uses keys
+        self._registrations = 0
         self.stall_s = stall_s
         self.ready = ready
+        # With a hash, the first Ready leaves the 1.5 MB spec out; a router that
+        # lacks it asks (Reregister(tokenizer=True)) and gets it with the next one.
+        self._hash_only = (
+            dataclasses.replace(ready, tokenizer={}) if ready.tokenizer_hash else ready
+        )
+        self._send_spec = False
         self.inbox = inbox
         self.registered = threading.Event()
         self.fatal: str | None = None  # set when the router refuses us for good
@@ -68,10 +85,15 @@ class WorkerLink:
             log.debug("dropped %s after the I/O thread stopped", msg.TYPE)
 
     def run(self, stop: threading.Event) -> None:
-        dealer = DealerSocket(self.router_addr, identity=self.ready.worker_id.encode())
+        dealer = DealerSocket(
+            self.router_addr, self.ready.worker_id.encode(), WORKER_FRAME_BYTES, self.setup
+        )
         poller = zmq.Poller()
         poller.register(dealer.sock, zmq.POLLIN)
         poller.register(self._pull, zmq.POLLIN)
+        # A refused CURVE handshake is otherwise silent: the Ready just never lands.
+        refused = dealer.sock.get_monitor_socket(_REFUSED)
+        poller.register(refused, zmq.POLLIN)
         backoff_s, next_ready = 0.25, 0.0
         last_hb: bytes | None = None
         last_sent = last_heard = time.monotonic()  # heard: from the compute thread
@@ -81,7 +103,7 @@ class WorkerLink:
             while not stop.is_set():
                 now = time.monotonic()
                 if not self.registered.is_set() and now >= next_ready:
-                    dealer.send(self.ready)
+                    dealer.send(self.ready if self._send_spec else self._hash_only)
                     next_ready, backoff_s = now + backoff_s, min(backoff_s * 2, READY_BACKOFF_MAX_S)
                 events = dict(poller.poll(timeout=int(hb_s * 250)))
                 if self._pull in events:
@@ -100,6 +122,10 @@ class WorkerLink:
                     while dealer.poll(0):
                         if self._dispatch(dealer.recv()):
                             backoff_s, next_ready = 0.25, 0.0
+                if refused in events:
+                    refused.recv_multipart()
+                    log.error("router %s refused our handshake: wrong or missing keys "
+                              "(--keys, docs/SECURITY.md)", self.router_addr)  # fmt: skip
                 now = time.monotonic()
                 if not stalled and now - last_heard > self.stall_s:
                     log.error("the compute thread has been silent for %.0f s: stuck; no "
@@ -117,6 +143,7 @@ class WorkerLink:
             if self.registered.is_set():
                 dealer.send(p.Goodbye(self.ready.worker_id))
                 time.sleep(0.05)  # let the goodbye leave before the socket closes
+            refused.close(linger=0)
             dealer.close()
             self._pull.close(linger=0)
 
@@ -128,10 +155,20 @@ class WorkerLink:
                 self.fatal = msg.message
         elif isinstance(msg, p.Welcome):
             if not self.registered.is_set():
-                log.info("registered with router %s", self.router_addr)
+                log.info("registered with router %s (epoch %s)", self.router_addr, msg.epoch)
                 self.registered.set()
+                if self._registrations:
+                    # What an earlier registration assigned was failed or re-routed by
+                    # the router already (broker/identity.py): drop it, do not finish it.
+                    self.inbox.put(p.Reregister())
+                self._registrations += 1
                 self.inbox.put(p.ResyncCache())  # the router starts from an empty view
         elif isinstance(msg, p.Reregister):
+            if msg.tokenizer and not self._send_spec:
+                log.info("router asked for our tokenizer spec")
+                self._send_spec = True
+                self.registered.clear()
+                return True
             if not self.registered.is_set():
                 return False  # a Ready is already on its way (with backoff)
             log.info("router asked us to register again")
@@ -152,6 +189,3 @@ def start_link(link: WorkerLink, stop: threading.Event) -> threading.Thread:
     thread = threading.Thread(target=link.run, args=(stop,), name="tandem-io", daemon=True)
     thread.start()
     return thread
-
-
-Emit = Callable[[p.Message], None]

@@ -12,6 +12,12 @@ so the numbers include the engine's own per-step overhead, as serving does:
   GPU) to the last one's end. The context matters: llama.cpp on a CPU decodes
   ~2.2x slower after 512 tokens than after 16 (measured on 2 threads, 43 vs 92
   tok/s at batch 1), and serving decodes after real prompts.
+- every batch size is measured ``repeats`` (>= 3) times, in rounds over all
+  batch sizes (a stall then hits one sample of one size, not all of one size's);
+  the median counts. A point far off its neighbours or a dip with batch size is
+  repaired with ``common.ratefit`` (one fresh GPU profile once said 11 tok/s at
+  batch 2 between 180 and 332, a one-off stall); the result records the medians,
+  their spread and what was repaired.
 
 The result is stored with ``workers.profiles.save_profile`` under the backend's
 name, device and model; workers started without rate flags advertise it.
@@ -27,12 +33,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tandem.common import protocol as p
+from tandem.common.protocol import SamplingParams
+from tandem.common.ratefit import explain, fit_decode_rates
 from tandem.workers.engine import Backend, Engine, EngineConfig
 from tandem.workers.request import Request, Status
 
 _FIRST_PROMPT_ID = 256  # random prompts avoid control tokens
 WARM_PROMPT_TOKENS = 16
 SKIP_STEPS = 2  # decode steps at a new batch size left out of the timing
+MIN_REPEATS = 3  # samples per batch size: a median of 3 outvotes one stall
 
 
 @dataclass(frozen=True)
@@ -44,7 +53,11 @@ class ProfileResult:
     model: str
     prefill_tok_s: float
     prompt_tokens: int
-    decode_tok_s: list[float]  # aggregate tok/s at batch size 1, 2, ... max_active
+    decode_tok_s: list[float]  # aggregate tok/s at batch size 1, 2, ... max_active (repaired)
+    decode_median_tok_s: list[float]  # as measured: the median of the repeats
+    decode_spread: list[float]  # (max - min) / median of the repeats, per batch size
+    decode_repaired: list[str]  # what the repair changed, in words (empty: nothing)
+    repeats: int
     decode_tokens: int  # tokens each request decoded per measurement
     decode_context: int  # prompt tokens before decoding (serving decodes after prompts)
     max_active: int
@@ -96,7 +109,7 @@ def measure_prefill(
     rates = []
     for i in range(repeats + 1):
         prompt = _prompt(rng, prompt_tokens, backend.vocab_size)
-        req = Request(f"prefill-{i}", prompt, max_tokens=1, prefill_only=True)
+        req = Request(f"prefill-{i}", prompt, SamplingParams(max_tokens=1, prefill_only=True))
         t0 = time.perf_counter()
         engine.submit(req)
         _drain(engine)
@@ -119,7 +132,11 @@ def measure_decode(
     n_out = decode_tokens + 1 + SKIP_STEPS
     for i in range(batch):
         prompt = _prompt(rng, context, backend.vocab_size)
-        engine.submit(Request(f"decode-{batch}-{i}", prompt, n_out, ignore_eos=True))
+        engine.submit(
+            Request(
+                f"decode-{batch}-{i}", prompt, SamplingParams(max_tokens=n_out, ignore_eos=True)
+            )
+        )
     while not engine.active or any(r.status is not Status.DECODE for r in engine.active):
         engine.step()  # admission and prefill, not timed
         if not engine.queue and not engine.active:
@@ -144,7 +161,7 @@ def warm_up(backend: Backend, max_active: int, step_tokens: int, decode_tokens: 
     rng = random.Random(0)
     engine, _ = _engine(backend, max_active, step_tokens)
     prompt = _prompt(rng, min(step_tokens + 17, backend.n_ctx - 1), backend.vocab_size)
-    engine.submit(Request("warm-prefill", prompt, max_tokens=1, prefill_only=True))
+    engine.submit(Request("warm-prefill", prompt, SamplingParams(max_tokens=1, prefill_only=True)))
     _drain(engine)
     sizes = sorted({min(2**i, max_active) for i in range(max_active.bit_length() + 1)})
     for b in sizes:
@@ -174,27 +191,37 @@ def profile_backend(
 ) -> ProfileResult:
     """Measure ``backend``: cold prefill, then decode at every batch size up to max_active."""
     context = prompt_tokens if decode_context is None else decode_context
-    if max_active < 1 or prompt_tokens < 1 or decode_tokens < 2 or repeats < 1 or context < 1:
-        raise ValueError(
-            "need max_active, prompt_tokens, decode_context, repeats >= 1 and decode_tokens >= 2"
-        )
+    if max_active < 1 or prompt_tokens < 1 or decode_tokens < 2 or context < 1:
+        raise ValueError("need max_active, prompt_tokens, decode_context >= 1, decode_tokens >= 2")
+    if repeats < MIN_REPEATS:
+        raise ValueError(f"repeats must be >= {MIN_REPEATS}: one sample cannot tell a stall")
     need = kv_cells_needed(max_active, prompt_tokens, decode_tokens, decode_context)
     if need > backend.n_ctx:
         raise ValueError(f"profiling needs {need} KV cells; n_ctx is {backend.n_ctx}")
     rng = random.Random(seed)
     prefill = measure_prefill(backend, prompt_tokens, repeats, step_tokens, rng)
     measure_decode(backend, 1, min(8, decode_tokens), step_tokens, rng)  # warm-up
-    decode = [
-        measure_decode(backend, b, decode_tokens, step_tokens, rng, context)
-        for b in range(1, max_active + 1)
-    ]
+    samples: list[list[float]] = [[] for _ in range(max_active)]
+    for _ in range(repeats):  # rounds over all sizes: a stall hits one sample of one size
+        for b in range(1, max_active + 1):
+            samples[b - 1].append(
+                measure_decode(backend, b, decode_tokens, step_tokens, rng, context)
+            )
+    medians = [statistics.median(x) for x in samples]
+    fit = fit_decode_rates(medians)
     return ProfileResult(
         backend=backend.name,
         device=backend.device,
         model=backend.model_name,
         prefill_tok_s=round(prefill, 2),
         prompt_tokens=prompt_tokens,
-        decode_tok_s=[round(x, 2) for x in decode],
+        decode_tok_s=[round(x, 2) for x in fit.rates],
+        decode_median_tok_s=[round(x, 2) for x in medians],
+        decode_spread=[
+            round((max(x) - min(x)) / m, 4) for x, m in zip(samples, medians, strict=True)
+        ],
+        decode_repaired=explain(medians, fit),
+        repeats=repeats,
         decode_tokens=decode_tokens,
         decode_context=context,
         max_active=max_active,

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.common.protocol import Assign
+from tandem.common.protocol import Assign, FinishReason, RequestRow, SamplingParams
 
 
 class Status(enum.Enum):
@@ -28,20 +28,14 @@ class Status(enum.Enum):
 class Request:
     id: str
     prompt: list[int]
-    max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    ignore_eos: bool = False
-    prefill_only: bool = False
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     status: Status = Status.QUEUED
     n_cached: int = 0  # prompt tokens reused from the prefix cache
     n_computed: int = 0  # prompt tokens whose KV exists (cached ones included)
     n_fed: int = 0  # output tokens fed back through the model (all but the newest)
     output: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
+    resumed: int = 0  # a migrated stream: the prompt's last ``resumed`` ids were output before
     slot: Any = None  # backend handle while active (llama.cpp seq id, MLX cache)
     sampler: Any = None  # backend sampler state
     t_arrive: float = field(default_factory=time.monotonic)
@@ -51,22 +45,25 @@ class Request:
     text: TextStream = field(init=False)
 
     def __post_init__(self) -> None:
-        self.text = TextStream(self.stop)
+        self.text = TextStream(self.sampling.stop)
 
     @classmethod
     def from_assign(cls, msg: Assign) -> Request:
         return cls(
-            id=msg.request_id,
-            prompt=list(msg.tokens),
-            max_tokens=msg.max_tokens,
-            temperature=msg.temperature,
-            top_p=msg.top_p,
-            top_k=msg.top_k,
-            seed=msg.seed,
-            stop=list(msg.stop),
-            ignore_eos=msg.ignore_eos,
-            prefill_only=msg.prefill_only,
+            id=msg.request_id, prompt=list(msg.tokens), sampling=msg.sampling, resumed=msg.resume
         )
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling.max_tokens
+
+    @property
+    def prefill_only(self) -> bool:
+        return self.sampling.prefill_only
+
+    @property
+    def decoding(self) -> bool:
+        return self.status is Status.DECODE
 
     @property
     def prefill_remaining(self) -> int:
@@ -80,15 +77,15 @@ class Request:
         """Tokens whose KV this request's slot holds."""
         return self.prompt[: self.n_computed] + self.output[: self.n_fed]
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RequestRow:
         """This request as a heartbeat lists it."""
-        return {
-            "id": self.id,
-            "prompt": len(self.prompt),
-            "cached": self.n_cached,
-            "prefill_remaining": self.prefill_remaining,
-            "decode_remaining": self.decode_remaining,
-        }
+        return RequestRow(
+            id=self.id,
+            prompt=len(self.prompt),
+            cached=self.n_cached,
+            prefill_remaining=self.prefill_remaining,
+            decode_remaining=self.decode_remaining,
+        )
 
     def stats(self) -> dict[str, Any]:
         t_prefilled = self.t_first or self.t_done

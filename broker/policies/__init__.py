@@ -1,10 +1,12 @@
 """Routing policies: views of workers (``views``), one module per family
-(``simple``: no device model; ``cost``: token and time pricing), and the registry
+(``simple``: no device model; ``cost``: token and time pricing; ``finish``: the
+worker's schedule replayed forward), and the registry
 that builds a policy from its name."""
 
 from __future__ import annotations
 
 from tandem.broker.policies.cost import CacheAware, LeastTokens, PhaseCost
+from tandem.broker.policies.finish import FinishTime
 from tandem.broker.policies.simple import Forced, LeastLoaded, RoundRobin
 from tandem.broker.policies.views import (
     Decision,
@@ -16,8 +18,11 @@ from tandem.broker.policies.views import (
     tie_break,
 )
 
+# The router's default: it won the twin's robustness suite (docs/ROUTING.md).
+DEFAULT_POLICY = "finish_time"
+
 POLICIES: dict[str, type] = {
-    p.name: p for p in (PhaseCost, LeastTokens, CacheAware, LeastLoaded, RoundRobin)
+    p.name: p for p in (PhaseCost, FinishTime, LeastTokens, CacheAware, LeastLoaded, RoundRobin)
 }
 
 
@@ -32,11 +37,13 @@ def parse_policy(spec: str) -> Policy:
 
 
 __all__ = [
+    "DEFAULT_POLICY",
     "POLICIES",
     "CacheAware",
     "LeastTokens",
     "PhaseCost",
     "Decision",
+    "FinishTime",
     "Forced",
     "LeastLoaded",
     "RoundRobin",

@@ -35,14 +35,22 @@ class Terms:
 
 def phase_terms(req: RouteRequest, w: WorkerView) -> Terms:
     """P(w), D(w) and the rates phase_cost divides them by."""
-    backlog = w.active + w.queued
+    backlog_p, backlog_d = w.backlog
     # A worker always computes >= 1 prompt token (it needs the last token's logits),
     # so even a fully cached prompt costs one token.
     new_prefill = max(1, req.prompt_tokens - w.cached_tokens)
-    p = sum(x.prefill_remaining for x in backlog) + new_prefill
-    d = sum(x.decode_remaining for x in backlog) + req.max_tokens
     batch = min(w.max_active, w.n_requests + 1)
-    return Terms(p, d, w.prefill_rate, w.decode_rate(batch))
+    return Terms(
+        backlog_p + new_prefill, backlog_d + req.max_tokens, w.prefill_rate, w.decode_rate(batch)
+    )
+
+
+def phase_seconds(req: RouteRequest, w: WorkerView) -> float:
+    """``phase_terms(req, w).seconds`` without building Terms: the same arithmetic in
+    the same order (so the same float), at a fraction of the cost per candidate."""
+    backlog_p, backlog_d = w.backlog
+    p = backlog_p + max(1, req.prompt_tokens - w.cached_tokens)
+    return p / w.prefill_rate + (backlog_d + req.max_tokens) / w.next_decode_rate
 
 
 class PhaseCost:
@@ -51,7 +59,7 @@ class PhaseCost:
     name = "phase_cost"
 
     def choose(self, req: RouteRequest, workers: list[WorkerView]) -> Decision:
-        return tie_break(workers, {w.id: phase_terms(req, w).seconds for w in workers})
+        return tie_break(workers, {w.id: phase_seconds(req, w) for w in workers})
 
 
 class LeastTokens:

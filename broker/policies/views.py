@@ -9,6 +9,7 @@ candidate (lower is better) so decisions can be logged and explained.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol
 
 
@@ -30,15 +31,45 @@ class WorkerView:
     cached_tokens: int = 0  # tokens of the incoming prompt this worker already holds
     active: tuple[Load, ...] = ()
     queued: tuple[Load, ...] = ()
+    # From the worker's live step-time model (broker/pricing.py); the defaults mean
+    # "not measured", and then step_s prices every context alike.
+    decode_context: float = 0.0  # context tokens per row at which decode_rates hold
+    decode_context_s: float = 0.0  # extra step seconds per context token per decoding row
+    prefill_by_chunk: tuple[tuple[int, float], ...] = ()  # (chunk bucket tokens, tok/s) measured
+    step_tokens: int = 256  # the worker's per-step token budget (Ready.step_tokens)
 
-    @property
+    # Cached per view: the router reuses a view across decisions until the worker changes.
+    @cached_property
     def n_requests(self) -> int:
         return len(self.active) + len(self.queued)
+
+    @cached_property
+    def backlog(self) -> tuple[int, int]:
+        """Prefill and decode tokens still to do on this worker (summed here, unless
+        the view was built from the router's running totals, which fill it in)."""
+        loads = self.active + self.queued
+        return sum(x.prefill_remaining for x in loads), sum(x.decode_remaining for x in loads)
+
+    @cached_property
+    def next_decode_rate(self) -> float:
+        """Aggregate decode tok/s with one more request than it has now."""
+        return self.decode_rate(min(self.max_active, self.n_requests + 1))
 
     def decode_rate(self, batch: int) -> float:
         """Aggregate decode tok/s when ``batch`` requests decode together."""
         b = max(1, min(batch, self.max_active, len(self.decode_rates)))
         return self.decode_rates[b - 1]
+
+    def step_s(self, batch: int, context: float | None = None) -> float:
+        """Seconds of one decode step of ``batch`` rows with ``context`` tokens of
+        context per row (None: the context the rates were measured at). Past
+        max_active the batch cannot grow: the worker runs max_active rows."""
+        b = max(1, min(batch, self.max_active))
+        base = b / self.decode_rate(b)
+        if context is None or not self.decode_context_s:
+            return base
+        # Never below a fifth of the measured step: the fit is linear, not physics.
+        return max(0.2 * base, base + self.decode_context_s * b * (context - self.decode_context))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ out="$OUT/h200"
 mkdir -p "$out"
 deadline=$(( $(date +%s) + ${BUDGET_S:-560} ))
 PY=${PY:-python3}
-CPU=${CPU_WORKER:-llama.cpp:threads=12:id=cpu}
+THREADS=${CPU_THREADS:-12}
+CPU=${CPU_WORKER:-llama.cpp:threads=$THREADS:id=cpu}
 GPU=${GPU_WORKER:-mlx:device=gpu:id=gpu}
 ALL_POLICIES=(--policy forced:gpu --policy forced:cpu --policy round_robin --policy least_loaded
               --policy cache_aware --policy phase_cost)
@@ -51,10 +52,10 @@ profile_gpu() {  # profile_gpu NAME [--no-save]
 
 for s in "$@"; do
   case "$s" in
-    mlx) stage mlx-vs-raw 300 $PY -m bench.mlx_compare --device gpu --batches 1,2,4,8,16 \
+    mlx) stage mlx-vs-raw 300 $PY -m tandem.bench.mlx_compare --device gpu --batches 1,2,4,8,16 \
            --n-out 128 --repeats 3 --out "$out/mlx-vs-raw.md" ;;
     profile)
-      stage profile-cpu 60 $PY -m tandem profile --backend llama.cpp --threads 12 --json
+      stage profile-cpu 60 $PY -m tandem profile --backend llama.cpp --threads "$THREADS" --json
       profile_gpu profile-gpu ;;
     knobs)  # MLX's CUDA graphs on (its default) or off: decode shapes change every step
       MLX_USE_CUDA_GRAPHS=0 profile_gpu profile-gpu-graphs0 --no-save
@@ -82,7 +83,7 @@ for s in "$@"; do
            --runs 1 --rates advertised --no-progress --out "$out/onoff" ;;
     qwen)  # the article's model shape, random weights (bench/shaped_model.py): timing only
       q="$TANDEM_CACHE_DIR/qwen2.5-0.5b-shaped.gguf"
-      [ -f "$q" ] || stage qwen-model 120 $PY -m bench.shaped_model qwen2.5-0.5b "$q"
+      [ -f "$q" ] || stage qwen-model 120 $PY -m tandem.bench.shaped_model qwen2.5-0.5b "$q"
       stage qwen-profile-cpu 120 $PY -m tandem profile --backend llama.cpp --model "$q" --threads 12 --json
       stage qwen-profile-gpu 240 $PY -m tandem profile --backend mlx --model "$q" --device gpu \
            --max-active 16 --json
@@ -92,6 +93,28 @@ for s in "$@"; do
            --policy forced:gpu --policy forced:cpu --policy phase_cost --requests "$n" \
            --runs "${RUNSQ:-1}" --no-progress --out "$out/qwen-seed$n"
       done ;;
+    pinning)  # the same 8-burst with every process on all cores, then pinned, interleaved
+      # (RUNSP rounds): llama.cpp on cores 0-9 (CPU_THREADS=10 for both), the GPU
+      # worker's host thread on 10-11, the router on 12, the load generator on 13-15
+      for i in $(seq 1 "${RUNSP:-3}"); do
+        for mode in shared pinned; do
+          if [ "$mode" = pinned ]; then
+            pin=(--worker "$CPU:cpus=0-9" --worker "$GPU:cpus=10-11" --router-cpus 12 --cpus 13-15)
+          else
+            pin=(--worker "$CPU" --worker "$GPU")
+          fi
+          stage "pin-$mode-$i" 150 $PY -m tandem bench --preset seed "${pin[@]}" --requests 8 \
+             --policy forced:gpu --policy phase_cost --runs 1 --rates advertised --no-progress \
+             --out "$out/pin-$mode-$i"
+        done
+      done ;;
+    proof)  # the seed 48-burst, pinned, policies interleaved per run (RUNSP runs) at
+      # GPU max active GPU_MAX: forced:gpu, least_loaded and the default policy
+      stage "proof-${GPU_MAX:-16}" 560 $PY -m tandem bench --preset seed --requests 48 \
+         --worker "$CPU:cpus=0-9" --worker "$GPU:cpus=10-11:max_active=${GPU_MAX:-16}" \
+         --router-cpus 12 --cpus 13-15 --policy forced:gpu --policy least_loaded \
+         --policy finish_time --runs "${RUNSP:-3}" --rates advertised --no-progress \
+         --out "$out/proof-${GPU_MAX:-16}" ;;
     *) echo "unknown stage $s" >&2 ;;
   esac
 done

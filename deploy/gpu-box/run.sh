@@ -12,6 +12,12 @@ if [ ! -f /tmp/site/.tandem-staged ]; then
     --target /tmp/site $(find /root/stage -name '*.whl')
   touch /tmp/site/.tandem-staged
 fi
+# tandem is not installed there (no index to build it with): make the checkout
+# importable as `tandem.*` by linking each room into the package root, as the
+# package-dir mapping of pyproject.toml does for an install.
+for room in bench broker cli client common gateway launcher twin workers; do
+  ln -sfn "$root/$room" "$root/tandem/$room"
+done
 export PYTHONPATH="/tmp/site:$root${PYTHONPATH:+:$PYTHONPATH}"
 export TANDEM_MODEL=${TANDEM_MODEL:-$(find /root/stage -name '*.gguf' | head -1)}
 export TANDEM_CACHE_DIR=${TANDEM_CACHE_DIR:-/root/tandem-cache}

@@ -23,6 +23,6 @@ dl mlx==0.32.4 mlx-cuda-13==0.32.4 mlx-lm==0.32.2 pyzmq==27.3.0 gguf==0.19.0 dis
 whl=$(find "${PIP_CACHE_DIR:-$HOME/.cache/pip}" -name 'llama_cpp_python-0.3.36-*.whl' | head -1)
 [ -n "$whl" ] || { echo "no llama-cpp-python wheel in the pip cache: run deploy/setup.sh first" >&2; exit 1; }
 cp "$whl" "$stage/"
-model=$("$py" -c 'from common.model_files import default_model_path; print(default_model_path())')
+model=$("$py" -c 'from tandem.common.model_files import default_model_path; print(default_model_path())')
 mkdir -p "$stage/models" && cp "$model" "$stage/models/"
 du -sh "$stage"/* >&2

@@ -20,6 +20,7 @@ pytest.importorskip("mlx_lm")
 from mlx_lm.models import llama  # noqa: E402
 
 from tandem.common import protocol as p  # noqa: E402
+from tandem.common.protocol import SamplingParams  # noqa: E402
 from tandem.common.tokenizer import TextTokenizer  # noqa: E402
 from tandem.workers.backends.mlx.backend import MlxBackend, pick_device  # noqa: E402
 from tandem.workers.backends.mlx.model import make_tiny_model  # noqa: E402
@@ -88,7 +89,7 @@ class Harness:
 
 
 def greedy(rid: str, prompt: list[int], max_tokens: int, **kw) -> Request:
-    return Request(rid, list(prompt), max_tokens=max_tokens, ignore_eos=True, **kw)
+    return Request(rid, list(prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True, **kw))
 
 
 def raw_mlx_lm_greedy(model, prompt: list[int], n: int) -> list[int]:
@@ -202,7 +203,7 @@ def test_prefix_cache_hit_skips_prefill_and_continues_like_a_cold_run(tiny) -> N
 def test_prefill_only_seeds_the_cache(tiny) -> None:
     h = Harness(tiny)
     shared = prompts()[3]
-    h.run(Request("p", shared, max_tokens=1, prefill_only=True))
+    h.run(Request("p", shared, SamplingParams(max_tokens=1, prefill_only=True)))
     assert h.done("p").finish_reason == "prefill_only"
     fed = h.backend.prompt_tokens_fed
     h.run(greedy("q", shared + [7, 8, 9], 4))
@@ -242,7 +243,7 @@ def test_eos_ignore_eos_and_stop_strings(tiny) -> None:
     free_run = h.run(greedy("free", prompt, 8))["free"]
     free_text = h.text("free")
     h.backend._eog = frozenset({free_run[3]})  # pretend the 4th token ends generation
-    eos = h.run(Request("eos", prompt, max_tokens=8))["eos"]
+    eos = h.run(Request("eos", prompt, SamplingParams(max_tokens=8)))["eos"]
     assert eos == free_run[: free_run.index(free_run[3])]
     assert h.done("eos").finish_reason == "eos"
     ignored = h.run(greedy("ign", prompt, 8))["ign"]
@@ -328,7 +329,7 @@ PARIS = "Question: which city is the capital of France? Answer: The capital of F
 def test_mlx_and_llama_cpp_workers_serve_side_by_side() -> None:
     pytest.importorskip("llama_cpp")
     from tandem.launcher.cluster import Cluster, WorkerSpec
-    from tests.helpers import LLAMA_ARGS
+    from tests.helpers import LLAMA_ARGS, wait_for
 
     mlx_args = ["--backend", "mlx", "--device", "cpu", "--n-ctx", "1024", "--heartbeat-s", "0.2"]
     workers = [WorkerSpec("mlx0", mlx_args), WorkerSpec("cpu0", LLAMA_ARGS)]
@@ -353,8 +354,7 @@ def test_mlx_and_llama_cpp_workers_serve_side_by_side() -> None:
         assert "Paris" in mlx_r.text
         # Top-1 agrees at ~96 % of positions: compare the first two tokens only.
         assert mlx_r.token_ids[:2] == cpu_r.token_ids[:2]
-        rows = {w["id"]: w for w in c.status().workers}
-    assert rows["mlx0"]["cached_blocks"] > 0 and rows["cpu0"]["cached_blocks"] > 0
+        wait_for(c, lambda ws: all(w["cached_blocks"] > 0 for w in ws))
 
 
 def test_warm_up_leaves_no_state_behind(tiny) -> None:

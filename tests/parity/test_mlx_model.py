@@ -16,8 +16,9 @@ pytest.importorskip("mlx_lm")
 from tandem.common.model_files import default_model_path  # noqa: E402
 from tandem.common.tokenizer import TextTokenizer  # noqa: E402
 from tandem.workers.backends.mlx import model as mlx_model  # noqa: E402
-from tandem.workers.backends.mlx.gguf import unpermute_rows  # noqa: E402
+from tandem.workers.backends.mlx.arch.llama import unpermute_rows  # noqa: E402
 from tandem.workers.backends.mlx.model import gguf_cache_path, load_mlx_model, make_tiny_model  # noqa: E402
+from tests.parity.llama_ref import llama_logits, mean_nll  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 
@@ -147,54 +148,19 @@ def test_bad_paths_are_rejected(tmp_path: Path) -> None:
         load_mlx_model(tmp_path / "model.bin", cache_dir=tmp_path)
 
 
-def _llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:
-    """Logits at every position from llama.cpp's low-level API, one batch."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    llama_cpp.llama_backend_init()
-    model = llama_cpp.llama_model_load_from_file(
-        str(path).encode(), llama_cpp.llama_model_default_params()
-    )
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx = params.n_batch = params.n_ubatch = 512
-    params.n_threads = params.n_threads_batch = 2
-    ctx = llama_cpp.llama_init_from_model(model, params)
-    batch = llama_cpp.llama_batch_init(len(ids), 0, 1)
-    try:
-        for i, token in enumerate(ids):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, i, 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = True
-        batch.n_tokens = len(ids)
-        assert llama_cpp.llama_decode(ctx, batch) == 0
-        n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx), (len(ids), n_vocab))
-        return logits.copy()
-    finally:
-        llama_cpp.llama_batch_free(batch)
-        llama_cpp.llama_free(ctx)
-        llama_cpp.llama_model_free(model)
-
-
-def _mean_nll(logits: np.ndarray, ids: list[int]) -> float:
-    """Mean negative log-likelihood of ids[1:] given each prefix."""
-    x = logits[:-1].astype(np.float64)
-    log_z = np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1)) + x.max(-1)
-    return float(np.mean(log_z - x[np.arange(len(ids) - 1), ids[1:]]))
-
-
 @pytest.mark.model
 def test_predictions_match_llama_cpp(loaded, gguf_path: Path) -> None:
     model, spec, _ = loaded
     ids = TextTokenizer(spec).encode(PARITY_TEXT)
     assert 130 <= len(ids) <= 170
-    ref = _llama_cpp_logits(gguf_path, ids)
+    ref = llama_logits(gguf_path, ids)
     start_s = time.monotonic()
     ours = model(mx.array([ids]))[0].astype(mx.float32)
     mx.eval(ours)
     ours_np = np.array(ours)
     elapsed_s = time.monotonic() - start_s
     top1 = float(np.mean(ours_np.argmax(-1) == ref.argmax(-1)))
-    nll_mlx, nll_ref = _mean_nll(ours_np, ids), _mean_nll(ref, ids)
+    nll_mlx, nll_ref = mean_nll(ours_np, ids), mean_nll(ref, ids)
     print(
         f"\n{len(ids)} tokens, MLX forward {elapsed_s:.1f} s: top-1 agreement {top1:.1%}, "
         f"mean NLL MLX {nll_mlx:.4f} vs llama.cpp {nll_ref:.4f}"

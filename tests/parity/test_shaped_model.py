@@ -11,6 +11,7 @@ import pytest
 from tandem.bench.shaped_model import SHAPES, q8_0_random, write_shaped_model
 from tandem.common import protocol as p
 from tandem.common.model_files import default_model_path
+from tandem.common.protocol import SamplingParams
 from tandem.common.tokenizer import TextTokenizer, tokenizer_spec_from_gguf
 from tandem.workers.engine import Engine, EngineConfig
 from tandem.workers.request import Request
@@ -28,7 +29,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def greedy(backend, prompt: list[int], n: int) -> list[int]:
     out: list[p.Message] = []
     engine = Engine(backend, EngineConfig(max_active=2, step_tokens=64), out.append, "t")
-    engine.submit(Request("r", prompt, n, ignore_eos=True))
+    engine.submit(Request("r", prompt, SamplingParams(max_tokens=n, ignore_eos=True)))
     while engine.queue or engine.active:
         engine.step()
     return [t for m in out if isinstance(m, p.TokenDelta) for t in m.token_ids]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import random
 
 import msgpack
@@ -10,6 +9,7 @@ import pytest
 
 from tandem.common.model_files import default_model_path
 from tandem.common.tokenizer import TextTokenizer, TokenizerSpec, tokenizer_spec_from_gguf
+from tests.parity import llama_ref
 
 
 @pytest.fixture(scope="module")
@@ -25,19 +25,7 @@ def tok(spec: TokenizerSpec) -> TextTokenizer:
     return TextTokenizer(spec)
 
 
-def _random_text(rng: random.Random) -> str:
-    """Strings that stress pre-tokenization: digit runs, unicode, whitespace runs, contractions."""
-    pieces = [
-        lambda: "".join(rng.choices("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", k=8)),
-        lambda: "".join(rng.choices("0123456789", k=rng.randint(1, 12))),
-        lambda: rng.choice([" ", "  ", "   ", "\n", "\n\n", "\t", " \n ", "\r\n", "\u3000"]),
-        lambda: rng.choice(["'s", "'t", "'re", "'ll", "n't", "'D", "’s"]),
-        lambda: "".join(rng.choices(".,;:!?()[]{}<>|/\\\"'`~@#$%^&*-_=+", k=rng.randint(1, 4))),
-        lambda: rng.choice(["日本語", "über", "naïve", "Ελληνικά", "русский", "١٢٣", "½", "²"]),
-        lambda: rng.choice(["😀", "👍🏽", "🇫🇷", "\u200b", "é", "ñ", "ß", "€"]),
-        lambda: chr(rng.randint(0x20, 0x2FFF)),
-    ]
-    return "".join(rng.choice(pieces)() for _ in range(rng.randint(1, 20)))
+_random_text = llama_ref.random_text
 
 
 def test_round_trip(tok: TextTokenizer) -> None:
@@ -136,24 +124,11 @@ def test_spec_is_cached_per_file(spec: TokenizerSpec) -> None:
 
 @pytest.fixture(scope="module")
 def llama_vocab():
-    llama_cpp = pytest.importorskip("llama_cpp")
-    llama_cpp.llama_backend_init()
-    params = llama_cpp.llama_model_default_params()
-    params.vocab_only = True
-    model = llama_cpp.llama_model_load_from_file(str(default_model_path()).encode(), params)
-    assert model, "llama.cpp could not load the model"
-    yield llama_cpp, llama_cpp.llama_model_get_vocab(model)
-    llama_cpp.llama_model_free(model)
+    with llama_ref.llama_vocab(default_model_path()) as vocab:
+        yield vocab
 
 
-def _llama_tokenize(llama_vocab, text: str, parse_special: bool) -> list[int]:
-    llama_cpp, vocab = llama_vocab
-    data = text.encode("utf-8")
-    n_max = len(data) + 8  # byte-level BPE never yields more tokens than bytes
-    buf = (llama_cpp.llama_token * n_max)()
-    n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, n_max, False, parse_special)
-    assert n >= 0, f"llama_tokenize needed {-n} slots"
-    return list(buf[:n])
+_llama_tokenize = llama_ref.llama_tokenize
 
 
 @pytest.mark.model
@@ -176,10 +151,7 @@ def test_chat_prompt_ids_match_llama_cpp(tok: TextTokenizer, llama_vocab) -> Non
 
 @pytest.mark.model
 def test_eos_ids_match_llama_cpp_end_of_generation(spec: TokenizerSpec, llama_vocab) -> None:
-    llama_cpp, vocab = llama_vocab
-    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
-    eog = {i for i in range(n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, ctypes.c_int32(i))}
-    assert set(spec.eos_ids) == eog
+    assert set(spec.eos_ids) == llama_ref.llama_eog_ids(llama_vocab)
 
 
 def test_spec_is_cached_on_disk_across_processes(tmp_path, monkeypatch):

@@ -12,6 +12,8 @@ from tests.helpers import needs_llama
 
 pytestmark = [needs_llama, pytest.mark.model]
 
+V = p.PROTOCOL_VERSION
+
 
 def _raw(addr: str, frame: bytes, timeout_ms: int = 5000) -> p.Message:
     sock = zmq.Context.instance().socket(zmq.DEALER)
@@ -52,16 +54,17 @@ def test_invalid_requests_get_typed_errors(cluster, kwargs, err, needle):
 
 def test_malformed_frames_get_error_replies(cluster):
     addr = cluster.client_addr
+    V = p.PROTOCOL_VERSION
     cases = {
         b"\xc1 definitely not msgpack": p.BAD_FRAME,
         msgpack.packb([1, 2, 3]): p.BAD_FRAME,
-        msgpack.packb({"v": 1, "type": "no_such_type"}): p.BAD_FRAME,
+        msgpack.packb({"v": V, "type": "no_such_type"}): p.BAD_FRAME,
         msgpack.packb({"v": 99, "type": "hello"}): p.VERSION_MISMATCH,
-        msgpack.packb({"v": 1, "type": "submit", "request_id": "x", "prompt": 5}): p.BAD_REQUEST,
+        msgpack.packb({"v": V, "type": "submit", "request_id": "x", "prompt": 5}): p.BAD_REQUEST,
         msgpack.packb(
-            {"v": 1, "type": "submit", "request_id": "x", "prompt": "a", "bogus": 1}
+            {"v": V, "type": "submit", "request_id": "x", "prompt": "a", "bogus": 1}
         ): p.BAD_REQUEST,
-        msgpack.packb({"v": 1, "type": "submit", "prompt": "a"}): p.BAD_REQUEST,
+        msgpack.packb({"v": V, "type": "submit", "prompt": "a"}): p.BAD_REQUEST,
         p.encode(p.Heartbeat("w", 1, [], [], 0, 0, {})): p.BAD_REQUEST,  # wrong socket
     }
     for frame, code in cases.items():

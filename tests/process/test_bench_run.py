@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tandem.broker.policies import DEFAULT_POLICY
 from tandem.cli.main import main
 
 N_REQUESTS, N_OUT = 6, 8
@@ -107,7 +108,7 @@ def test_preset_options_and_overrides_map_onto_the_config() -> None:
     wl = cfg.workloads[0]
     assert (wl.prefix_tokens, wl.prompt_tokens, wl.output_tokens) == (512, 516, 128)
     assert wl.same_prompt and wl.spacing_s == 0.05 and cfg.runs == 3
-    assert cfg.policies == ("forced:@fastest", "phase_cost") and cfg.max_active == (4,)
+    assert cfg.policies == ("forced:@fastest", DEFAULT_POLICY) and cfg.max_active == (4,)
     assert command_line(ctx) == "tandem bench " + " ".join([*argv, "--requests", "8"])
     ctx = bench.make_context(
         "bench", ["--worker", "sim:a.json", "--workload", "poisson", "--hit-mix", "0"]

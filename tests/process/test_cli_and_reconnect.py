@@ -36,9 +36,17 @@ def test_generate_and_status_print_one_json_document(cluster):
 
 
 def test_generate_reports_errors_on_stderr_with_a_nonzero_exit(cluster):
+    # A bad argument is one line naming it, no traceback ...
+    for flag, value in (("--temperature", "nan"), ("--max-tokens", str(2**64))):
+        out = tandem("generate", "x", "--router", cluster.client_addr, flag, value)
+        assert out.returncode == 1 and out.stdout == ""
+        assert "bad_request" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    # ... and so is a request the router refuses.
     out = tandem("generate", "x", "--router", cluster.client_addr, "--max-tokens", "0")
+    assert out.returncode == 1 and "bad_request" in out.stderr and out.stdout == ""
+    out = tandem("generate", "x", "--router", cluster.client_addr, "--max-tokens", "100000")
     assert out.returncode == 1
-    assert "bad_request" in out.stderr and out.stdout == ""
+    assert "prompt_too_long" in out.stderr and out.stdout == ""
 
 
 def test_workers_reregister_with_a_restarted_router():

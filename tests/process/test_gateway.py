@@ -17,6 +17,7 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
+from tandem.broker.policies import DEFAULT_POLICY
 from tandem.launcher.cluster import Cluster, WorkerSpec, free_tcp_port
 from tests.helpers import LLAMA_ARGS, needs_llama
 
@@ -265,7 +266,7 @@ def test_client_disconnect_mid_stream_frees_the_worker_slot(served):
             time.sleep(0.1)
         assert st.requests_in_flight == 0 and w["active"] == 0, st
     after = scrape(served.metrics_url)
-    cancelled = 'tandem_requests_total{outcome="cancelled",policy="phase_cost"}'
+    cancelled = f'tandem_requests_total{{outcome="cancelled",policy="{DEFAULT_POLICY}"}}'
     assert after[cancelled] == before.get(cancelled, 0) + 1
     tokens = 'tandem_generation_tokens_total{worker="cpu0"}'
     assert after[tokens] - before[tokens] < 1000  # stopped early, not run to its budget
@@ -286,9 +287,9 @@ def test_metrics_parse_and_move_with_traffic(served):
         after[f"tandem_generation_tokens_total{w}"]
         == before.get(f"tandem_generation_tokens_total{w}", 0) + 3
     )
-    routed = 'tandem_requests_routed_total{policy="phase_cost",worker="cpu0"}'
+    routed = f'tandem_requests_routed_total{{policy="{DEFAULT_POLICY}",worker="cpu0"}}'
     assert after[routed] == before.get(routed, 0) + 1
-    length = 'tandem_requests_total{outcome="length",policy="phase_cost"}'
+    length = f'tandem_requests_total{{outcome="length",policy="{DEFAULT_POLICY}"}}'
     assert after[length] == before.get(length, 0) + 1
     ttft = f"tandem_time_to_first_token_seconds_count{w}"
     assert after[ttft] == before.get(ttft, 0) + 1

@@ -197,12 +197,12 @@ def test_default_ids_stay_unique() -> None:
 
 
 def test_workload_schedules() -> None:
-    burst = Workload("burst", requests=48, spacing_s=0.05, hit_fraction=0.5).arrivals(0)
+    burst = Workload(kind="burst", requests=48, spacing_s=0.05, hit_fraction=0.5).arrivals(0)
     assert [a.offset_s for a in burst[:3]] == pytest.approx([0.0, 0.05, 0.1])
     assert sum(a.hit for a in burst) == 24
-    onoff = Workload("onoff", requests=4, spacing_s=0.1, bursts=3, gap_s=5.0).arrivals(0)
+    onoff = Workload(kind="onoff", requests=4, spacing_s=0.1, bursts=3, gap_s=5.0).arrivals(0)
     assert [round(a.offset_s, 3) for a in onoff[3:6]] == [0.3, 5.3, 5.4]
-    pois = Workload("poisson", rate_rps=4.0, duration_s=50.0)
+    pois = Workload(kind="poisson", rate_rps=4.0, duration_s=50.0)
     first, again = pois.arrivals(1), pois.arrivals(1)
     assert first == again and 150 < len(first) < 250  # deterministic, ~rate x duration
     assert all(0 <= a.offset_s < 50.0 for a in first)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tandem.common import protocol as p
+from tandem.common.protocol import SamplingParams
+from tandem.common.steptime import StepModel
 from tandem.workers.engine import Engine, EngineConfig
 from tandem.workers.request import Request, Status
 from tests.helpers import EOS, FakeBackend
@@ -13,12 +17,20 @@ from tests.helpers import EOS, FakeBackend
 def make(max_active=2, step_tokens=8, block_size=4, cache_tokens=64, **kw):
     backend = FakeBackend(**kw)
     out: list[p.Message] = []
-    cfg = EngineConfig(max_active, step_tokens, block_size, cache_tokens, 8, 0.5, 64)
+    cfg = EngineConfig(
+        max_active=max_active,
+        step_tokens=step_tokens,
+        block_size=block_size,
+        cache_tokens=cache_tokens,
+        cache_entries=8,
+        heartbeat_s=0.5,
+        max_tokens_limit=64,
+    )
     return Engine(backend, cfg, out.append, "w0"), backend, out
 
 
 def req(rid, n=6, max_tokens=3, start=1, **kw):
-    return Request(rid, list(range(start, start + n)), max_tokens, **kw)
+    return Request(rid, list(range(start, start + n)), SamplingParams(max_tokens=max_tokens, **kw))
 
 
 def run_all(engine, limit=200):
@@ -104,11 +116,11 @@ def test_cancel_queued_and_active_is_idempotent():
 def test_cache_hit_skips_prefill_work():
     e, b, out = make(max_active=1, step_tokens=64, block_size=4)
     prefix = list(range(1, 17))
-    e.submit(Request("seed", prefix, 1, prefill_only=True))
+    e.submit(Request("seed", prefix, SamplingParams(max_tokens=1, prefill_only=True)))
     run_all(e)
     assert done(out)["seed"].finish_reason == "prefill_only"
     fed_before = b.fed
-    e.submit(Request("hit", prefix + [50, 51, 52], 2))
+    e.submit(Request("hit", prefix + [50, 51, 52], SamplingParams(max_tokens=2)))
     run_all(e)
     d = done(out)["hit"]
     assert d.stats["cached_tokens"] == 16
@@ -119,10 +131,10 @@ def test_cache_hit_skips_prefill_work():
 
 def test_kv_pressure_evicts_cache_entries_before_failing_requests():
     e, b, out = make(max_active=1, step_tokens=64, block_size=4, kv_cells=40)
-    e.submit(Request("old", list(range(100, 124)), 1, prefill_only=True))
+    e.submit(Request("old", list(range(100, 124)), SamplingParams(max_tokens=1, prefill_only=True)))
     run_all(e)
     assert len(e.cache.entries) == 1
-    e.submit(Request("new", list(range(200, 230)), 4))
+    e.submit(Request("new", list(range(200, 230)), SamplingParams(max_tokens=4)))
     run_all(e)
     assert done(out)["new"].finish_reason == "length"
     assert all(ent.tokens[0] != 100 for ent in e.cache.entries.values()), "old entry evicted"
@@ -142,11 +154,11 @@ def test_kv_exhaustion_with_nothing_to_evict_fails_one_request_cleanly():
 @pytest.mark.parametrize(
     ("request_", "code"),
     [
-        (Request("x", [], 3), p.BAD_REQUEST),
-        (Request("x", [1, 5000], 3), p.BAD_REQUEST),
-        (Request("x", [1], 0), p.BAD_REQUEST),
-        (Request("x", [1], 65), p.BAD_REQUEST),
-        (Request("x", [1] * 60, 10), p.PROMPT_TOO_LONG),
+        (Request("x", [], SamplingParams(max_tokens=3)), p.BAD_REQUEST),
+        (Request("x", [1, 5000], SamplingParams(max_tokens=3)), p.BAD_REQUEST),
+        (Request("x", [1], SamplingParams(max_tokens=0)), p.BAD_REQUEST),
+        (Request("x", [1], SamplingParams(max_tokens=65)), p.BAD_REQUEST),
+        (Request("x", [1] * 60, SamplingParams(max_tokens=10)), p.PROMPT_TOO_LONG),
     ],
 )
 def test_bad_assignments_get_errors_not_crashes(request_, code):
@@ -164,8 +176,8 @@ def test_heartbeat_lists_remaining_work():
     hb = e.heartbeat()
     (a,) = hb.active
     (b,) = hb.queued
-    assert a == {"id": "a", "prompt": 6, "cached": 0, "prefill_remaining": 2, "decode_remaining": 5}
-    assert b["prefill_remaining"] == 6 and b["decode_remaining"] == 5
+    assert a == p.RequestRow("a", prompt=6, cached=0, prefill_remaining=2, decode_remaining=5)
+    assert b.prefill_remaining == 6 and b.decode_remaining == 5
     assert e.active[0].status is Status.PREFILL
 
 
@@ -217,12 +229,12 @@ def test_warm_up_runs_a_full_chunk_and_every_power_of_two_batch_then_holds_nothi
 def test_warmup_setting_is_on_for_gpus_by_default_and_validated() -> None:
     from tandem.workers.config import WorkerConfig
 
-    auto = WorkerConfig("tcp://127.0.0.1:1")
+    auto = WorkerConfig(router="tcp://127.0.0.1:1")
     assert auto.wants_warmup("gpu-cuda") and not auto.wants_warmup("cpu")
-    assert WorkerConfig("tcp://127.0.0.1:1", warmup="on").wants_warmup("cpu")
-    assert not WorkerConfig("tcp://127.0.0.1:1", warmup="off").wants_warmup("gpu-metal")
+    assert WorkerConfig(router="tcp://127.0.0.1:1", warmup="on").wants_warmup("cpu")
+    assert not WorkerConfig(router="tcp://127.0.0.1:1", warmup="off").wants_warmup("gpu-metal")
     with pytest.raises(ValueError, match="warmup"):
-        WorkerConfig("tcp://127.0.0.1:1", warmup="sometimes")
+        WorkerConfig(router="tcp://127.0.0.1:1", warmup="sometimes")
 
 
 def test_a_worker_without_profile_or_rate_flags_says_its_rates_are_a_guess(
@@ -233,10 +245,100 @@ def test_a_worker_without_profile_or_rate_flags_says_its_rates_are_a_guess(
 
     monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))  # no stored profiles here
     with caplog.at_level("WARNING", logger="tandem.workers.main"):
-        assert rates(WorkerConfig("tcp://127.0.0.1:1"), FakeBackend()) == (200.0, [50.0] * 4)
+        assert rates(WorkerConfig(router="tcp://127.0.0.1:1"), FakeBackend()) == (200.0, [50.0] * 4)
     assert "no stored profile for fake" in caplog.text and "tandem profile" in caplog.text
     caplog.clear()
-    flagged = WorkerConfig("tcp://127.0.0.1:1", prefill_tok_s=900.0, decode_tok_s=(80.0,))
+    flagged = WorkerConfig(router="tcp://127.0.0.1:1", prefill_tok_s=900.0, decode_tok_s=(80.0,))
     with caplog.at_level("WARNING", logger="tandem.workers.main"):
         assert rates(flagged, FakeBackend()) == (900.0, [80.0] * 4)
     assert not caplog.text
+
+
+def test_a_worker_whose_stored_profile_has_a_stall_in_it_says_so(
+    tmp_path, monkeypatch, caplog
+) -> None:
+    from tandem.workers.config import WorkerConfig
+    from tandem.workers.main import rates
+    from tandem.workers.profiles import save_profile
+
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
+    be = FakeBackend()
+
+    def store(decode: list[float]) -> None:
+        save_profile(
+            be.name, be.device, be.model_name, {"prefill_tok_s": 1.0, "decode_tok_s": decode}
+        )
+
+    store([180.0, 11.0, 332.0, 560.0])
+    with caplog.at_level("WARNING", logger="tandem.workers.main"):
+        assert rates(WorkerConfig(router="tcp://127.0.0.1:1"), be)[1] == [180.0, 11.0, 332.0, 560.0]
+    assert "decode rates from the stored profile look wrong: batch 2: 11 tok/s" in caplog.text
+    caplog.clear()
+    store([180.0, 259.0, 332.0, 560.0])
+    with caplog.at_level("WARNING", logger="tandem.workers.main"):
+        rates(WorkerConfig(router="tcp://127.0.0.1:1"), be)
+    assert not caplog.text
+
+
+def test_step_times_reach_the_heartbeat_as_a_step_model():
+    e, b, _ = make(max_active=2, step_tokens=8)
+    now = [100.0]
+    e.timer.clock = lambda: now[0]  # the device's time, advanced by the fake backend below
+    run = b.run
+
+    def timed(decode, prefill):
+        now[0] += 0.010 + 0.002 * len(decode) + 0.0005 * sum(n for _, n in prefill)
+        return run(decode, prefill)
+
+    b.run = timed
+    e.submit(req("a", n=6, max_tokens=20))
+    e.submit(req("b", n=6, max_tokens=20, start=50))
+    run_all(e)
+    # Steps: prefill 6+2 (a then decodes), a decodes + b prefills 4, then both decode.
+    m = StepModel.from_wire(e.heartbeat().steps)
+    assert m.decode_batch == (1, 2) and m.decode_samples[1] >= 17
+    assert m.decode_step_s == pytest.approx((0.012, 0.014))
+    assert m.prefill_chunk == (8,) and m.prefill_tok_s == pytest.approx((8 / 0.014,))
+    assert e.heartbeat().steps is None  # unchanged: not sent again
+    e.handle(p.ResyncCache())  # what a Welcome queues: a new router must learn it again
+    assert StepModel.from_wire(e.heartbeat().steps) == m
+
+
+def test_idle_time_between_requests_is_not_a_step():
+    e, b, _ = make(max_active=1)
+    now = [0.0]
+    e.timer.clock = lambda: now[0]
+    run = b.run
+
+    def timed(decode, prefill):
+        now[0] += 0.01
+        return run(decode, prefill)
+
+    b.run = timed
+    e.submit(req("a", n=2, max_tokens=3))
+    run_all(e)
+    now[0] += 60.0  # the worker sat idle for a minute
+    e.submit(req("b", n=2, max_tokens=3))
+    run_all(e)
+    steps = [s for w in e.timer.stats.decode.values() for s, _ in w.samples]
+    assert max(steps) == pytest.approx(0.01)
+
+
+def test_a_new_batch_size_is_reported_at_once_repeats_wait():
+    e, b, out = make(max_active=2, step_tokens=8)
+    e.timer.clock = lambda: 0.0 if not b.steps else len(b.steps) * 0.01  # 10 ms a step
+    e.submit(req("a", n=2, max_tokens=6))
+    run_all(e)
+    first = StepModel.from_wire(e.heartbeat().steps)
+    assert first.decode_batch == (1,)
+    e.submit(req("b", n=2, max_tokens=6))
+    run_all(e)
+    assert e.heartbeat().steps is None  # more of the same within steps_every_s: wait
+    e.submit(req("c", n=2, max_tokens=6))
+    e.submit(req("d", n=2, max_tokens=6, start=50))
+    run_all(e)
+    out.clear()
+    e._changed, e._last_hb = False, time.monotonic()  # nothing else to report
+    e.maybe_heartbeat()  # the new size alone triggers it
+    (hb,) = [m for m in out if isinstance(m, p.Heartbeat)]
+    assert StepModel.from_wire(hb.steps).decode_batch == (1, 2)

@@ -15,24 +15,31 @@ from tandem.common import protocol as p
 EXAMPLES = [
     p.Hello("cli"),
     p.Welcome("tandem", "phase_cost"),
-    p.Submit("r1", prompt="hi", max_tokens=5, stop=["\n"], seed=3, worker="cpu0"),
-    p.Submit("r2", tokens=[1, 2, 3], temperature=0.7, top_p=0.9, top_k=40, stream=False),
-    p.Submit("r3", messages=[{"role": "user", "content": "hi"}], prefill_only=True),
+    p.Submit("r1", prompt="hi", sampling=p.SamplingParams(5, stop=["\n"], seed=3), worker="cpu0"),
+    p.Submit(
+        "r2", tokens=[1, 2], sampling=p.SamplingParams(temperature=0.7, top_k=4), stream=False
+    ),
+    p.Submit("r3", messages=[{"role": "user", "content": "hi"}]),
     p.Cancel("r1"),
     p.StatusQuery(),
     p.StatusReply("round_robin", [{"id": "w"}], 2),
     p.Accepted("r1", "cpu0", 12, 8),
     p.TokenDelta("r1", [5, 6], "ab"),
-    p.Done("r1", "length", {"ttft_s": 0.1, "worker": "cpu0"}),
+    p.Done("r1", p.FinishReason.LENGTH, {"ttft_s": 0.1, "worker": "cpu0"}),
     p.Error(p.BAD_REQUEST, "nope", "r1"),
     p.Error(p.BAD_FRAME, "nope"),
     p.Ready("w", "llama.cpp", "cpu", "m.gguf", 4, 8192, 16, 200.0, [50.0, 80.0], 0.5, {"k": 1}),
-    p.Heartbeat("w", 3, [{"id": "a", "prefill_remaining": 0}], [], 10, 100, {"full": True}),
-    p.Assign("a", [1, 2], 8, stop=["x"], cached_estimate=16),
+    p.Heartbeat("w", 3, [p.RequestRow("a", 9, 0, 0, 4)], [], 10, 100, {"full": True}),
+    p.Heartbeat("w", 4, [], [], 0, 100, {}, steps={"b": [1], "s": [0.01], "n": [3]}),
+    p.Assign("a", [1, 2], p.SamplingParams(8, stop=["x"], prefill_only=True)),
     p.Reregister(),
+    p.Reregister(tokenizer=True),
+    p.Ready("w", "sim", "cpu", "m.gguf", 1, 64, 16, 1.0, [1.0], 0.5, {}, tokenizer_hash="ab"),
     p.ResyncCache(),
     p.Goodbye("w"),
 ]
+
+V = p.PROTOCOL_VERSION
 
 
 def test_every_message_type_has_an_example():
@@ -45,13 +52,50 @@ def test_round_trip(msg):
 
 
 def test_integers_are_accepted_where_floats_are_expected():
-    frame = msgpack.packb({"v": 1, "type": "submit", "request_id": "r", "prompt": "x", "top_p": 1})
-    msg = p.decode(frame)
-    assert isinstance(msg, p.Submit) and msg.top_p == 1.0 and isinstance(msg.top_p, float)
+    msg = p.decode(_frame(type="submit", request_id="r", prompt="x", sampling={"top_p": 1}))
+    assert isinstance(msg, p.Submit)
+    assert msg.sampling.top_p == 1.0 and isinstance(msg.sampling.top_p, float)
+
+
+def test_nested_types_are_decoded_and_checked():
+    hb = _frame(type="heartbeat", worker_id="w", seq=1, queued=[], kv_used_tokens=0,
+                kv_capacity_tokens=1, cache={}, active=[{"id": "a", "prompt": 1}])  # fmt: skip
+    with pytest.raises(p.ProtocolError, match="missing field 'cached'"):
+        p.decode(hb)
+    done = p.decode(_frame(type="done", request_id="r", finish_reason="eos"))
+    assert isinstance(done, p.Done) and done.finish_reason is p.FinishReason.EOS
+
+
+@pytest.mark.parametrize(
+    ("sampling", "needle"),
+    [
+        (p.SamplingParams(max_tokens=0), "max_tokens"),
+        (p.SamplingParams(temperature=float("nan")), "temperature"),
+        (p.SamplingParams(temperature=float("inf")), "temperature"),
+        (p.SamplingParams(top_p=float("nan")), "top_p"),
+        (p.SamplingParams(top_p=0.0), "top_p"),
+        (p.SamplingParams(top_k=-1), "top_k"),
+        (p.SamplingParams(seed=2**64), "seed"),
+        (p.SamplingParams(stop=[""]), "stop"),
+        (p.SamplingParams(stop=["x"] * 17), "stop"),
+    ],
+)
+def test_sampling_problems_are_named(sampling, needle):
+    problem = sampling.problem()
+    assert problem is not None and problem.code is p.ErrorCode.BAD_REQUEST
+    assert needle in problem.message
+    assert p.SamplingParams(max_tokens=0, prefill_only=True).problem() is None
+    assert p.SamplingParams(max_tokens=9).problem(max_tokens_limit=8) is not None
+
+
+BAD = p.BAD_REQUEST
+
+
+OLD = p.PROTOCOL_VERSION - 1  # an older peer
 
 
 def _frame(**body):
-    return msgpack.packb({"v": p.PROTOCOL_VERSION, **body})
+    return msgpack.packb({"v": V, **body})
 
 
 @pytest.mark.parametrize(
@@ -60,15 +104,19 @@ def _frame(**body):
         (b"\xc1", p.BAD_FRAME, "msgpack"),
         (msgpack.packb("a string"), p.BAD_FRAME, "map"),
         (msgpack.packb({"type": "hello"}), p.VERSION_MISMATCH, "version"),
-        (msgpack.packb({"v": 2, "type": "hello"}), p.VERSION_MISMATCH, "version"),
+        (msgpack.packb({"v": 1, "type": "hello"}), p.VERSION_MISMATCH, "version"),
         (_frame(type="warp"), p.BAD_FRAME, "unknown message type"),
         (_frame(type=7), p.BAD_FRAME, "unknown message type"),
         (_frame(type="cancel"), p.BAD_REQUEST, "missing field 'request_id'"),
         (_frame(type="cancel", request_id="r", extra=1), p.BAD_REQUEST, "unknown field"),
-        (_frame(type="submit", request_id="r", max_tokens="9"), p.BAD_REQUEST, "max_tokens"),
-        (_frame(type="submit", request_id="r", max_tokens=True), p.BAD_REQUEST, "max_tokens"),
+        (_frame(type="submit", request_id="r", sampling={"max_tokens": "9"}), BAD, "max_tokens"),
+        (_frame(type="submit", request_id="r", sampling={"max_tokens": True}), BAD, "max_tokens"),
+        (_frame(type="submit", request_id="r", sampling={"warp": 1}), BAD, "unknown field"),
+        (_frame(type="submit", request_id="r", sampling=[1]), BAD, "sampling"),
         (_frame(type="submit", request_id="r", tokens=[1, "2"]), p.BAD_REQUEST, "tokens"),
-        (_frame(type="submit", request_id="r", stop="x"), p.BAD_REQUEST, "stop"),
+        (_frame(type="submit", request_id="r", sampling={"stop": "x"}), BAD, "stop"),
+        (_frame(type="done", request_id="r", finish_reason="tired"), BAD, "finish_reason"),
+        (_frame(type="error", code="oops", message="m"), BAD, "code"),
         (_frame(type="submit", request_id=None), p.BAD_REQUEST, "request_id"),
     ],
 )
@@ -82,13 +130,14 @@ def test_rejections_carry_a_code_and_a_clear_message(frame, code, needle):
 def test_non_string_keys_are_rejected():
     for key in (b"request_id", 1):
         with pytest.raises(p.ProtocolError) as info:
-            p.decode(msgpack.packb({"v": 1, "type": "cancel", key: "r"}, use_bin_type=True))
+            frame = {"v": p.PROTOCOL_VERSION, "type": "cancel", key: "r"}
+            p.decode(msgpack.packb(frame, use_bin_type=True))
         assert info.value.code == p.BAD_FRAME
 
 
 def test_rejection_keeps_the_request_id_when_readable():
     with pytest.raises(p.ProtocolError) as info:
-        p.decode(_frame(type="submit", request_id="abc", max_tokens="x"))
+        p.decode(_frame(type="submit", request_id="abc", sampling={"max_tokens": "x"}))
     assert info.value.request_id == "abc"
 
 
@@ -119,7 +168,7 @@ json_values = st.recursive(
 )
 def test_arbitrary_maps_decode_to_valid_messages_or_raise_protocol_error(tag, body):
     try:
-        msg = p.decode(msgpack.packb({**body, "v": p.PROTOCOL_VERSION, "type": tag}))
+        msg = p.decode(msgpack.packb({**body, "v": V, "type": tag}))
     except p.ProtocolError:
         return
     for f in dataclasses.fields(msg):  # a decoded message always re-encodes

@@ -28,8 +28,7 @@ def test_a_request_moves_every_counter_once(h: Harness) -> None:
     h.add_worker("a", RATES)
     h.submit("r0", list(range(1, 40)), max_tokens=3)
     wid = h.assigned("a").request_id
-    h.heartbeat("a", 1, active=[{"id": wid, "prompt": 39, "cached": 0,
-                                 "prefill_remaining": 0, "decode_remaining": 3}])  # fmt: skip
+    h.heartbeat("a", 1, active=[p.RequestRow(wid, 39, 0, 0, 3)])
     h.workers["a"].send(p.TokenDelta(wid, [5, 6], "xy"))
     stats = {"prompt_tokens": 39, "cached_tokens": 32, "output_tokens": 2}
     h.workers["a"].send(p.Done(wid, "eos", stats))
@@ -63,7 +62,9 @@ def test_status_carries_totals_and_recent_decisions(h: Harness) -> None:
 
 def test_failures_and_rejected_frames_are_counted(h: Harness) -> None:
     h.add_worker("a", RATES)
-    h.client.send(p.Submit("big", tokens=[1] * 9000, max_tokens=8))  # over n_ctx 8192
+    h.client.send(
+        p.Submit("big", tokens=[1] * 9000, sampling=p.SamplingParams(8))
+    )  # over n_ctx 8192
     h.client.sock.send(b"\x01garbage")
     h.pump()
     assert value(h, "tandem_requests_total", outcome="prompt_too_long", policy="none") == 1

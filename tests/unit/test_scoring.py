@@ -212,7 +212,9 @@ def test_state_errors_name_the_field(patch: dict, message: str) -> None:
 def test_explain_json_matches_the_policy(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     path.write_text(json.dumps(ISSUE_STATE))
-    result = CliRunner().invoke(main, ["route", "explain", str(path), "--json"])
+    result = CliRunner().invoke(
+        main, ["route", "explain", str(path), "--json", "--policy", "phase_cost"]
+    )
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     req, views = state_from_json(ISSUE_STATE)
@@ -227,11 +229,11 @@ def test_explain_json_matches_the_policy(tmp_path: Path) -> None:
 def test_explain_table_and_bad_state(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     path.write_text(json.dumps(ISSUE_STATE))
-    result = CliRunner().invoke(main, ["route", "explain", str(path)])
+    result = CliRunner().invoke(main, ["route", "explain", str(path), "--policy", "phase_cost"])
     assert result.exit_code == 0
     assert "choice gpu" in result.stderr and "*gpu" in result.stderr and "8.46" in result.stderr
     path.write_text('{"request": {"prompt_tokens": 5}}')
-    result = CliRunner().invoke(main, ["route", "explain", str(path)])
+    result = CliRunner().invoke(main, ["route", "explain", str(path), "--policy", "phase_cost"])
     assert result.exit_code == 2 and "max_tokens is required" in result.stderr
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import llama_cpp as L
 
+from tandem.common.gguf_file import weights_digest
 from tandem.common.tokenizer import TokenizerSpec, tokenizer_spec_from_gguf
 from tandem.workers.engine import KVFull
 from tandem.workers.prefix_cache import Match
@@ -100,6 +101,7 @@ class LlamaBackend:
         self.batch_cap = step_tokens
         self.device = device
         self.model_name = self.model_path.name
+        self.weights_digest = weights_digest(self.model_path)
         self.threads = threads
         self.tokenizer_spec: TokenizerSpec = tokenizer_spec_from_gguf(self.model_path)
         self._pieces: dict[int, bytes] = {}
@@ -158,15 +160,15 @@ class LlamaBackend:
 
     def _sampler(self, req: Request):  # noqa: ANN202 - a ctypes pointer
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-        if req.temperature <= 0:
+        if req.sampling.temperature <= 0:
             L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
             return chain
-        if req.top_k > 0:
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(req.top_k))
-        if req.top_p < 1.0:
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_p(req.top_p, 1))
-        L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(req.temperature))
-        seed = req.seed if req.seed is not None else random.getrandbits(32)
+        if req.sampling.top_k > 0:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(req.sampling.top_k))
+        if req.sampling.top_p < 1.0:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_p(req.sampling.top_p, 1))
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(req.sampling.temperature))
+        seed = req.sampling.seed if req.sampling.seed is not None else random.getrandbits(32)
         L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(seed))
         return chain
 

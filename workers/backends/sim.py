@@ -42,10 +42,12 @@ import json
 import logging
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tandem.common.gguf_file import weights_digest
 from tandem.common.tokenizer import TokenizerSpec, piece_table, tokenizer_spec_from_gguf
 from tandem.workers.prefix_cache import Match
 from tandem.workers.request import Request
@@ -130,6 +132,18 @@ class SimProfile:
         return [b / self.step_s(b) for b in range(1, len(self.decode_step_s) + 1)]
 
 
+def sampled(
+    decode: list[Request], prefill: list[tuple[Request, int]], token: Callable[[int, int], int]
+) -> dict[str, int]:
+    """The ids one step yields: every decode row's next token and the first token of each
+    prefill that reaches its end in this step; ``token(slot, position)`` picks an id."""
+    out = {r.id: token(r.slot, r.resumed + len(r.output)) for r in decode}
+    for r, n in prefill:
+        if r.n_computed + n == len(r.prompt) and not r.prefill_only:
+            out[r.id] = token(r.slot, r.resumed)  # a migrated stream goes on where it was
+    return out
+
+
 class SimBackend:
     """The Backend interface of workers/engine.py, played back from a SimProfile."""
 
@@ -151,6 +165,7 @@ class SimBackend:
         model_path = Path(model) if model else default_model_path()
         # The real model's name and tokenizer: the sim joins a router serving that model.
         self.model_name = model_path.name
+        self.weights_digest = weights_digest(model_path)
         self.n_ctx = n_ctx
         self.tokenizer_spec: TokenizerSpec = tokenizer_spec_from_gguf(model_path)
         self._pieces = piece_table(self.tokenizer_spec)
@@ -176,7 +191,10 @@ class SimBackend:
     # ------------------------------------------------------------ slots
     def begin(self, req: Request, match: Match) -> None:
         # The engine already counts match.n_tokens as computed: only the rest is slept for.
-        digest = hashlib.blake2b(array("q", req.prompt).tobytes(), digest_size=8).digest()
+        # Keyed on the prompt before any migrated output, with output positions counted
+        # from there (run below): a migrated stream continues exactly as greedy would.
+        prompt = req.prompt[: len(req.prompt) - req.resumed]
+        digest = hashlib.blake2b(array("q", prompt).tobytes(), digest_size=8).digest()
         req.slot = int.from_bytes(digest, "little")
         self._live += 1
 
@@ -203,11 +221,7 @@ class SimBackend:
             time.sleep(self._free_at - now)
         self._idle = False
         self.busy_s += cost_s
-        out = {r.id: self._token(r.slot, len(r.output)) for r in decode}
-        for r, n in prefill:
-            if r.n_computed + n == len(r.prompt) and not r.prefill_only:
-                out[r.id] = self._token(r.slot, 0)
-        return out
+        return sampled(decode, prefill, self._token)
 
     def _token(self, seed: int, position: int) -> int:
         """A deterministic, never end-of-generation id for output ``position``."""

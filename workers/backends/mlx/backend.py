@@ -20,19 +20,24 @@ request's first write copies instead of touching the cached arrays.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
-from mlx_lm.models import llama
+from mlx_lm.models import llama, qwen2
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from tandem.common.tokenizer import TokenizerSpec, piece_table
+from tandem.workers.backends.mlx.arch.gemma import MAX_CONTEXT_KEY
 from tandem.workers.backends.mlx.batch import KV, DecodeBatch, Sampler, sample
-from tandem.workers.engine import EngineConfig, KVFull
+from tandem.workers.backends.mlx.model import WEIGHTS_KEY
+from tandem.workers.engine import KVFull
 from tandem.workers.prefix_cache import Match
 from tandem.workers.request import Request
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from tandem.workers.config import WorkerConfig
@@ -85,14 +90,13 @@ class MlxBackend:
 
     @classmethod
     def from_config(cls, cfg: WorkerConfig, model: Path) -> MlxBackend:
-        return cls(model, n_ctx=cfg.n_ctx, device=cfg.device, engine=cfg.engine)
+        return cls(model, n_ctx=cfg.n_ctx, device=cfg.device)
 
     def __init__(
         self,
         model_path: str | Path,
         n_ctx: int = 8192,
         device: str = "auto",
-        engine: EngineConfig | None = None,
         loaded: tuple[Any, TokenizerSpec, dict[str, Any]] | None = None,
     ) -> None:
         """Load ``model_path`` (GGUF file or mlx-lm folder), or use ``loaded``
@@ -108,13 +112,18 @@ class MlxBackend:
         if not all(isinstance(c, KVCache) for c in make_prompt_cache(self.model)):
             raise ValueError("the mlx backend needs a model with plain KV caches (no sliding)")
         self.model_name = Path(model_path).name  # as llama.cpp's backend reports it
+        self.weights_digest = str(config.get(WEIGHTS_KEY, ""))
         self.n_ctx = n_ctx
+        max_context = config.get(MAX_CONTEXT_KEY)
+        if max_context and n_ctx > max_context:  # e.g. Gemma 2's sliding window, see arch/gemma
+            log.warning("n_ctx %d capped at %d for this model on MLX", n_ctx, max_context)
+            self.n_ctx = int(max_context)
         self.vocab_size = int(config["vocab_size"])
-        self.engine_config = engine or EngineConfig()
         self._eog = frozenset(self.tokenizer_spec.eos_ids)
         self._pieces = piece_table(self.tokenizer_spec, self.vocab_size)
-        # Only llama's head is known to be a plain projection we may apply to one position.
-        self._split_head = isinstance(self.model, llama.Model)
+        # Only llama's and qwen2's heads are known to be plain projections we may apply
+        # to one position.
+        self._split_head = isinstance(self.model, llama.Model | qwen2.Model)
         self._batch = DecodeBatch()
         self._pending: _Pending | None = None
         self._slots: list[_Slot] = []
@@ -141,7 +150,9 @@ class MlxBackend:
             layers = match.entry.handle.layers  # type: ignore[union-attr]
             for c, (k, v) in zip(cache, layers, strict=True):
                 c.keys, c.values, c.offset = k[..., :n, :], v[..., :n, :], n
-        sampler = Sampler.create(req.temperature, req.top_p, req.top_k, req.seed)
+        sampler = Sampler.create(
+            req.sampling.temperature, req.sampling.top_p, req.sampling.top_k, req.sampling.seed
+        )
         req.slot = slot = _Slot(req, cache, n, sampler)
         self._slots.append(slot)
 

@@ -66,9 +66,6 @@ class DecodeBatch:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def length(self, owner: Any) -> int:
-        return self.idx - self.pads[self.rows.index(owner)]
-
     def add(self, owner: Any, kv: list[KV], n_tokens: int) -> None:
         """Append a row holding the first ``n_tokens`` columns of ``kv`` (per layer)."""
         if not self.rows:

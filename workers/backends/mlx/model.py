@@ -1,13 +1,14 @@
 """Load a model into mlx-lm for the MLX worker.
 
-A GGUF file is converted once (tensors renamed to HF names, llama.cpp's Q/K row
-permutation undone, quantized weights kept as they are) and cached on disk as an
+A GGUF file is converted once (`gguf.py`: per-family tensor names and layouts,
+quantized weights kept or re-quantized) and cached on disk as an
 mlx-lm model folder, so a restart skips the conversion. A folder in mlx-lm / HF
 layout loads directly.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -23,15 +24,20 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 from tokenizers import Tokenizer
 
+from tandem.common.gguf_file import DIGEST_SAMPLE_BYTES, weights_digest
 from tandem.common.model_files import cache_root, default_model_path
 from tandem.common.tokenizer import EOG_TEXTS, TokenizerSpec, tokenizer_spec_from_gguf
+from tandem.workers.backends.mlx.arch import finish_model
 from tandem.workers.backends.mlx.gguf import convert_gguf
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 1  # bump when the conversion changes, so old caches are rebuilt
+CACHE_FORMAT = 2  # bump when the conversion changes, so old caches are rebuilt
 SPEC_FILE = "tokenizer_spec.json"
 MARKER_FILE = "tandem.json"  # written into every converted folder, records CACHE_FORMAT
+# config.json key: the source GGUF's weights digest, so a converted folder and its GGUF
+# are known to serve the same weights (Ready.weights)
+WEIGHTS_KEY = "tandem_weights"
 
 
 def load_mlx_model(
@@ -58,6 +64,7 @@ def load_mlx_model(
             shutil.rmtree(target, ignore_errors=True)
     start_s = time.monotonic()
     model, spec, config = convert_gguf(path)
+    config[WEIGHTS_KEY] = weights_digest(path)
     log.info("converted %s for MLX in %.1f s", path.name, time.monotonic() - start_s)
     try:
         _save_folder_atomically(target, model, spec, config, source=path)
@@ -127,6 +134,9 @@ def _load_folder(folder: Path) -> tuple[nn.Module, TokenizerSpec, dict[str, Any]
 
     spec = _spec_from_folder(folder)
     model, config = load_model(folder)
+    if WEIGHTS_KEY not in config:  # a folder tandem did not convert: its own tensors' digest
+        config[WEIGHTS_KEY] = safetensors_digest(folder)
+    finish_model(model, config)
     model.eval()
     return model, spec, config
 
@@ -166,6 +176,21 @@ def _spec_from_folder(folder: Path) -> TokenizerSpec:
         bos_id=bos_id,
         add_bos=bool(add_bos) and bos_id is not None,
     )
+
+
+def safetensors_digest(folder: Path) -> str:
+    """A digest of an mlx-lm folder's weights: each safetensors header (names, dtypes,
+    shapes, offsets) and bytes sampled from the start, middle and end of its data."""
+    h = hashlib.blake2b(digest_size=12)
+    for path in sorted(folder.glob("*.safetensors")):
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            h.update(f.read(n))
+            for at in (8 + n, (8 + n + size) // 2, size - DIGEST_SAMPLE_BYTES):
+                f.seek(max(8 + n, at))
+                h.update(f.read(DIGEST_SAMPLE_BYTES))
+    return h.hexdigest()
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -1,0 +1,153 @@
+"""The processes around a router under test, none of them doing real work.
+
+- ``null_worker``: answers every request at once: ``max_tokens`` token frames (one
+  per step per request, like a real engine) then Done. It speaks to a tandem
+  router (Ready, Assign), a plain relay or a client directly (Submit): the same
+  bytes in every mode, so the router's own cost is what differs.
+- ``plain_relay``: the floor a relay in Python can reach: two ROUTER sockets,
+  frames forwarded as bytes, one worker and one client, nothing decoded.
+- ``heartbeat_swarm``: many idle workers that register and heartbeat on a period.
+
+Each runs in its own process until its ``stop`` event is set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import msgpack
+import zmq
+from tokenizers import Tokenizer, models
+
+from tandem.common import protocol as p
+from tandem.common.tokenizer import TokenizerSpec
+
+HEARTBEAT_S = 0.5
+
+
+def tiny_spec() -> dict[str, Any]:
+    """A small valid tokenizer: registration is not what these benches measure."""
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(1000)}, unk_token="t0"))
+    return TokenizerSpec(tok.to_str(), None, (0,), None, False).to_wire()
+
+
+def ready(worker_id: str, spec: dict[str, Any], with_spec: bool = True) -> p.Ready:
+    """A Ready for a null worker; ``with_spec`` False sends only the spec's hash
+    (when this protocol version has one) and waits to be asked for the spec."""
+    fields = {f.name for f in dataclasses.fields(p.Ready)}
+    extra: dict[str, Any] = {}
+    if "tokenizer_hash" in fields:
+        extra["tokenizer_hash"] = p.tokenizer_hash(spec)
+    body = spec if with_spec or not extra else {}
+    return p.Ready(worker_id, "null", "null", "null.gguf", 256, 1 << 20, 16, 1e6,
+                   [1e4] * 8, HEARTBEAT_S, body, 1 << 20, **extra)  # fmt: skip
+
+
+def _wants_spec(msg: dict[str, Any]) -> bool:
+    return msg.get("type") == "reregister"
+
+
+def null_worker(address: str, mode: str, stop: Any) -> None:
+    """``mode``: "router" (connect, Ready, Assign), "relay" (connect, Submit) or
+    "direct" (bind, Submit)."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    spec = tiny_spec()
+    if mode == "direct":
+        sock.bind(address)
+    else:
+        sock.connect(address)
+        # The relay learns the worker's identity from an empty frame; a router from Ready.
+        sock.send(p.encode(ready("null", spec, with_spec=False)) if mode == "router" else b"")
+    active: dict[str, list[Any]] = {}  # request id -> [tokens left, token frame]
+    while not stop.is_set():
+        if sock.poll(0 if active else 100):
+            for _ in range(1024):
+                try:
+                    frame = sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                msg = msgpack.unpackb(frame)
+                if msg.get("type") in ("assign", "submit"):
+                    rid, n = msg["request_id"], max(1, msg["sampling"]["max_tokens"])
+                    active[rid] = [n, p.encode(p.TokenDelta(rid, [7], "x"))]
+                elif _wants_spec(msg):
+                    sock.send(p.encode(ready("null", spec)))
+        for rid in list(active):  # one step: one token frame per active request
+            state = active[rid]
+            sock.send(state[1])
+            state[0] -= 1
+            if state[0] == 0:
+                del active[rid]
+                stats = {"output_tokens": 1, "prompt_tokens": 1, "cached_tokens": 0}
+                sock.send(p.encode(p.Done(rid, p.FinishReason.LENGTH, stats)))
+    sock.close(0)
+
+
+def plain_relay(front: str, back: str, stop: Any) -> None:
+    """Forward client frames to the one worker and worker frames to the last client."""
+    ctx = zmq.Context.instance()
+    fs, bs = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
+    for s, addr in ((fs, front), (bs, back)):
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDHWM, 0)
+        s.bind(addr)
+    poller = zmq.Poller()
+    poller.register(fs, zmq.POLLIN)
+    poller.register(bs, zmq.POLLIN)
+    worker = client = None
+    while not stop.is_set():
+        events = dict(poller.poll(100))
+        if bs in events:
+            for _ in range(1024):
+                try:
+                    worker, frame = bs.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                if client is not None and frame:  # empty: the worker saying hello
+                    fs.send_multipart([client, frame])
+        if fs in events and worker is not None:
+            for _ in range(1024):
+                try:
+                    client, frame = fs.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                bs.send_multipart([worker, frame])
+    fs.close(0)
+    bs.close(0)
+
+
+def heartbeat_swarm(address: str, n_workers: int, spec: dict[str, Any], stop: Any) -> None:
+    """``n_workers`` idle workers: Ready (the spec only when asked, where the
+    protocol allows), then an empty heartbeat every HEARTBEAT_S each."""
+    ctx = zmq.Context.instance()
+    socks = []
+    for i in range(n_workers):
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.IDENTITY, f"swarm-{i}".encode())
+        s.connect(address)
+        s.send(p.encode(ready(f"swarm-{i}", spec, with_spec=False)))
+        socks.append(s)
+    seq = [0] * n_workers
+    due = [time.monotonic() + HEARTBEAT_S * i / n_workers for i in range(n_workers)]
+    while not stop.is_set():
+        now = time.monotonic()
+        for i, s in enumerate(socks):
+            while s.poll(0):
+                if _wants_spec(msgpack.unpackb(s.recv())):
+                    s.send(p.encode(ready(f"swarm-{i}", spec)))
+            if now >= due[i]:
+                due[i] += HEARTBEAT_S
+                if seq[i] == 0:  # the first report is a full (empty) listing, then no changes
+                    seq[i], cache = 1, {"full": True, "seq": 1, "blocks": []}
+                else:
+                    cache = {"full": False, "base": 1, "seq": 1, "added": [], "removed": []}
+                hb = p.Heartbeat(f"swarm-{i}", seq[i], [], [], 0, 1 << 20, cache)
+                s.send(p.encode(hb))
+        time.sleep(0.01)
+    for s in socks:
+        s.close(0)

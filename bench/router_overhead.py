@@ -1,0 +1,276 @@
+"""``tandem bench router``: what the router itself costs, against a null worker.
+
+Three paths carry the same frames from one client to one null worker
+(bench/null_peers.py): ``direct`` (client to worker), ``relay`` (a plain pyzmq
+relay: bytes in, bytes out) and ``router`` (tandem's router). Each measures:
+
+- routed requests/s: ``max_tokens=1``, ``window`` requests in flight;
+- relayed tokens/s: ``streams`` requests of ``stream_tokens`` tokens at once;
+- latency p50/p99 of one request at a time (added latency = router - direct).
+
+Then, in process, the time of one routing decision (a 512-token prompt) at 1 to
+1,024 workers, each with requests in flight, a heartbeat and cached blocks; and,
+with the router in its own process, its RSS and CPU while ``swarm`` idle workers
+carrying the real tokenizer heartbeat every 0.5 s.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import socket
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import psutil
+import zmq
+
+from tandem.bench import null_peers
+from tandem.common import protocol as p
+
+SPAWN = mp.get_context("spawn")
+
+
+@dataclass(frozen=True)
+class OverheadConfig:
+    requests: int = 4000
+    window: int = 256
+    streams: int = 64
+    stream_tokens: int = 2000
+    latency_requests: int = 500
+    decision_workers: tuple[int, ...] = (1, 16, 64, 256, 1024)
+    swarm: int = 256
+    swarm_window_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if min(self.requests, self.window, self.streams, self.stream_tokens) < 1:
+            raise ValueError("requests, window, streams and stream_tokens must be >= 1")
+        if self.latency_requests < 10 or self.swarm < 1 or self.swarm_window_s <= 0:
+            raise ValueError("latency_requests >= 10, swarm >= 1, swarm_window_s > 0")
+
+
+def _addr() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _run_router(client: str, worker: str, stop: Any) -> None:
+    import logging
+
+    from tandem.broker.router import Router, RouterConfig
+    from tandem.common.settings import Addresses
+
+    logging.basicConfig(level=logging.ERROR)
+    Router(RouterConfig(addresses=Addresses(client, worker))).serve(stop)
+
+
+@contextmanager
+def _processes(*targets: tuple[Any, tuple[Any, ...]]):
+    stop = SPAWN.Event()
+    procs = [SPAWN.Process(target=f, args=(*args, stop), daemon=True) for f, args in targets]
+    for proc in procs:
+        proc.start()
+    try:
+        yield procs
+    finally:
+        stop.set()
+        for proc in procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+
+
+@contextmanager
+def path(kind: str):
+    """A client DEALER connected to a null worker through ``kind``."""
+    c, w = _addr(), _addr()
+    if kind == "direct":
+        targets = [(null_peers.null_worker, (c, "direct"))]
+    elif kind == "relay":
+        targets = [(null_peers.plain_relay, (c, w)), (null_peers.null_worker, (w, "relay"))]
+    else:
+        targets = [(_run_router, (c, w)), (null_peers.null_worker, (w, "router"))]
+    with _processes(*targets) as procs:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(c)
+        try:
+            _warm(sock)
+            yield sock, procs[0].pid
+        finally:
+            sock.close(0)
+
+
+def _submit(rid: str, max_tokens: int) -> bytes:
+    return p.encode(p.Submit(rid, tokens=[1, 2, 3], sampling=p.SamplingParams(max_tokens)))
+
+
+def _warm(sock: zmq.Socket, timeout_s: float = 30.0) -> None:
+    """Retry one request until the whole path answers (processes take time to start)."""
+    deadline = time.monotonic() + timeout_s
+    n = 0
+    while time.monotonic() < deadline:
+        n += 1
+        sock.send(_submit(f"warm{n}", 1))
+        end = time.monotonic() + 1.0
+        while sock.poll(max(1, int((end - time.monotonic()) * 1000))):
+            if msgpack.unpackb(sock.recv()).get("type") == "done":
+                while sock.poll(200):
+                    sock.recv()
+                return
+    raise RuntimeError("the path never answered")
+
+
+def _drive(sock: zmq.Socket, frames: list[bytes], window: int) -> tuple[float, int, list[float]]:
+    """Send ``frames`` keeping ``window`` in flight: (seconds, tokens, latencies)."""
+    sent_at: dict[str, float] = {}
+    latencies: list[float] = []
+    tokens = sent = 0
+    t0 = time.perf_counter()
+    while len(latencies) < len(frames):
+        while sent < len(frames) and sent - len(latencies) < window:
+            sent_at[f"q{sent}"] = time.perf_counter()
+            sock.send(frames[sent])
+            sent += 1
+        if not sock.poll(10_000):
+            raise RuntimeError(f"stalled after {len(latencies)} of {len(frames)} requests")
+        while True:
+            try:
+                msg = msgpack.unpackb(sock.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+            kind = msg.get("type")
+            if kind == "tokens":
+                tokens += len(msg["token_ids"])
+            elif kind in ("done", "error"):
+                latencies.append(time.perf_counter() - sent_at.pop(msg["request_id"]))
+    return time.perf_counter() - t0, tokens, latencies
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def measure_path(kind: str, cfg: OverheadConfig) -> dict[str, float]:
+    """Requests/s, tokens/s and latency through one path."""
+    with path(kind) as (sock, _):
+        secs, _, _ = _drive(sock, [_submit(f"q{i}", 1) for i in range(cfg.requests)], cfg.window)
+        frames = [_submit(f"q{i}", cfg.stream_tokens) for i in range(cfg.streams)]
+        tsecs, tokens, _ = _drive(sock, frames, cfg.streams)
+        frames = [_submit(f"q{i}", 1) for i in range(cfg.latency_requests)]
+        _, _, lat = _drive(sock, frames, 1)
+    return {
+        "req_s": cfg.requests / secs,
+        "tok_s": tokens / tsecs,
+        "p50_ms": statistics.median(lat) * 1e3,
+        "p99_ms": _pct(lat, 0.99) * 1e3,
+    }
+
+
+def measure_paths(cfg: OverheadConfig) -> dict[str, dict[str, float]]:
+    return {kind: measure_path(kind, cfg) for kind in ("direct", "relay", "router")}
+
+
+def decision_times_ms(n_workers: int, repeats: int = 30) -> float:
+    """Median time of one routing decision (512-token prompt) at ``n_workers``."""
+    from tandem.bench.router_state import loaded_router, time_decision
+
+    router = loaded_router(n_workers, random.Random(n_workers))
+    times = [time_decision(router, i) for i in range(repeats)]
+    router.client_sock.close()
+    router.worker_sock.close()
+    return statistics.median(times) * 1e3
+
+
+def measure_swarm(cfg: OverheadConfig) -> dict[str, float]:
+    """Router RSS and CPU share with ``cfg.swarm`` idle workers heartbeating."""
+    from tandem.common.model_files import default_model_path
+    from tandem.common.tokenizer import tokenizer_spec_from_gguf
+
+    spec = tokenizer_spec_from_gguf(default_model_path()).to_wire()
+    c, w = _addr(), _addr()
+    swarm = (null_peers.heartbeat_swarm, (w, cfg.swarm, spec))
+    with _processes((_run_router, (c, w)), swarm) as (router, _):
+        proc = psutil.Process(router.pid)
+        registered = _wait_registered(c, cfg.swarm, timeout_s=120.0)
+        rss0 = proc.memory_info().rss
+        t = proc.cpu_times()
+        cpu0, wall0 = t.user + t.system, time.monotonic()
+        time.sleep(cfg.swarm_window_s)
+        t = proc.cpu_times()
+        cpu = (t.user + t.system - cpu0) / (time.monotonic() - wall0)
+        rss_mb = max(rss0, proc.memory_info().rss) / 2**20
+        return {"registered": registered, "rss_mb": rss_mb, "cpu_pct": 100 * cpu}
+
+
+def _wait_registered(address: str, n: int, timeout_s: float) -> int:
+    """Ask the router's status until ``n`` workers are registered (or time is up)."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    deadline, seen = time.monotonic() + timeout_s, 0
+    try:
+        while time.monotonic() < deadline and seen < n:
+            sock.send(p.encode(p.StatusQuery()))
+            if sock.poll(5000):
+                reply = msgpack.unpackb(sock.recv())
+                seen = len(reply.get("workers", []))
+            time.sleep(0.5)
+    finally:
+        sock.close(0)
+    return seen
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def run_all(cfg: OverheadConfig, runs: int, progress: Any = print) -> dict[str, Any]:
+    """``runs`` repetitions of every measurement, each with the load average at its start."""
+    out: dict[str, Any] = {"config": cfg.__dict__ | {"runs": runs}, "runs": []}
+    for r in range(runs):
+        run: dict[str, Any] = {"load_avg": load_average()}
+        run["paths"] = measure_paths(cfg)
+        progress(f"run {r + 1}/{runs} paths: {run['paths']}")
+        run["decision_ms"] = {n: decision_times_ms(n) for n in cfg.decision_workers}
+        progress(f"run {r + 1}/{runs} decisions: {run['decision_ms']}")
+        run["swarm"] = measure_swarm(cfg)
+        progress(f"run {r + 1}/{runs} swarm: {run['swarm']}")
+        out["runs"].append(run)
+    out["summary"] = summarize(out["runs"])
+    return out
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over runs; ratios taken within each run (the paths ran side by side)."""
+
+    def med(get: Any) -> float:
+        return round(statistics.median(get(r) for r in runs), 4)
+
+    paths = {
+        k: {m: med(lambda r, k=k, m=m: r["paths"][k][m]) for m in runs[0]["paths"][k]}
+        for k in runs[0]["paths"]
+    }
+
+    def ratio(a: str, b: str, m: str) -> float:
+        return med(lambda r: r["paths"][a][m] / r["paths"][b][m])
+
+    def added(m: str) -> float:
+        return med(lambda r: r["paths"]["router"][m] - r["paths"]["direct"][m])
+
+    return {
+        "paths": paths,
+        "router_vs_relay_req": ratio("router", "relay", "req_s"),
+        "router_vs_relay_tok": ratio("router", "relay", "tok_s"),
+        "added_p50_ms": added("p50_ms"),
+        "added_p99_ms": added("p99_ms"),
+        "decision_ms": {n: med(lambda r, n=n: r["decision_ms"][n]) for n in runs[0]["decision_ms"]},
+        "swarm": {k: med(lambda r, k=k: r["swarm"][k]) for k in runs[0]["swarm"]},
+        "load_avg": [round(r["load_avg"], 2) for r in runs],
+    }

@@ -1,0 +1,164 @@
+"""``finish_time``: send a request where it is predicted to finish first.
+
+For each candidate the router replays that worker's own scheduling rules
+(workers/schedule.py, the functions its engine runs: FIFO admission under
+``max_active``, a ``step_tokens`` budget per step spent on decode rows first,
+then prefill chunks) forward from what it knows of the worker (each active and
+queued request's remaining prefill and decode, after cache discounts), with
+the new request appended to the queue and its cached prefix discounted. Every
+step is timed with the worker's step-time model:
+
+    step_s = prefill_tokens / prefill_rate + b / decode_rate(b) + step_overhead_s
+
+where b is the number of decode rows and decode_rate(b) the aggregate decode
+rate at that batch. The score is the predicted seconds until the new request's
+last token. So a request added to a GPU already decoding 8 costs what batch 9
+(or a wait for a free slot) really costs there, and the requests it would slow
+down are priced through the same steps.
+
+Steps that the engine would plan identically are advanced together
+(``schedule.repeats``), so one prediction costs a few operations per request
+on the worker rather than one per token.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+
+from tandem.broker.policies.views import Decision, RouteRequest, WorkerView, tie_break
+from tandem.workers.schedule import admissible, decode_segments, plan_step, repeats
+
+_NO_KV_LIMIT = 1 << 62  # the router's views carry no KV reservations: n_ctx is sized for max_active
+
+
+class _Row:
+    """One request as the predictor replays it: counters only (schedule.Schedulable)."""
+
+    __slots__ = ("prefill_remaining", "decode_left", "decoding", "target")
+
+    def __init__(self, prefill: int, decode: int, target: bool = False) -> None:
+        self.prefill_remaining = prefill
+        self.decode_left = decode  # output tokens still to produce
+        self.decoding = prefill <= 0
+        self.target = target
+
+
+class StepModel:
+    """Seconds of one engine step on one worker, from its view's rates."""
+
+    __slots__ = ("prefill_rate", "decode_s", "overhead_s")
+
+    def __init__(self, w: WorkerView) -> None:
+        self.prefill_rate = w.prefill_rate
+        top = max(1, min(w.max_active, len(w.decode_rates)))
+        # A larger batch never decodes slower in aggregate: a rate below a smaller
+        # batch's is a measuring stall (a profile once said 11 tok/s at batch 2 between
+        # 180 and 332), so each rate is at least the best rate of the smaller batches.
+        rates = list(itertools.accumulate((w.decode_rate(b) for b in range(1, top + 1)), max))
+        # Seconds of a decode step at batch b = b / aggregate rate; past the table the
+        # aggregate rate plateaus (the step grows linearly), as the sim device assumes.
+        self.decode_s = [0.0] + [b / r for b, r in enumerate(rates, 1)]
+        self.overhead_s = float(getattr(w, "step_overhead_s", 0.0) or 0.0)
+
+    def step_s(self, prefill_tokens: int, decode_rows: int) -> float:
+        if decode_rows < len(self.decode_s):
+            decode = self.decode_s[decode_rows]
+        else:
+            decode = self.decode_s[-1] * decode_rows / (len(self.decode_s) - 1)
+        return prefill_tokens / self.prefill_rate + decode + self.overhead_s
+
+
+Ahead = tuple[float, list[_Row], StepModel]
+
+
+def drain_ahead(w: WorkerView) -> Ahead:
+    """(seconds, active rows) at the step in which a request queued now would be
+    admitted on ``w``: the queue ahead of it drained and a slot free. Whatever the
+    new request is, this part of the future is the same (FIFO: nothing overtakes)."""
+    model = StepModel(w)
+    active = [_Row(x.prefill_remaining, x.decode_remaining) for x in w.active]
+    active = [r for r in active if not (r.decoding and r.decode_left <= 0)]
+    queue = deque(_Row(x.prefill_remaining, x.decode_remaining) for x in w.queued)
+    step_tokens = max(w.step_tokens, w.max_active)  # as EngineConfig enforces: no stalled step
+    t = 0.0
+    while True:
+        while queue and admissible(len(active), 0, 0, w.max_active, _NO_KV_LIMIT):
+            active.append(queue.popleft())
+        if not queue and admissible(len(active), 0, 0, w.max_active, _NO_KV_LIMIT):
+            return t, active, model
+        t += _advance(active, model, step_tokens)
+        active = [r for r in active if not (r.decoding and r.decode_left <= 0)]
+
+
+def _advance(active: list[_Row], model: StepModel, step_tokens: int) -> float:
+    """Run the engine's next plan over ``active`` for as many steps as it repeats; seconds."""
+    plan = plan_step(active, step_tokens)
+    k = repeats(plan, [r.decode_left for r in plan.decode])
+    for r in plan.decode:
+        r.decode_left -= k
+    for r, n in plan.prefill:
+        r.prefill_remaining -= k * n
+        if r.prefill_remaining <= 0:  # the last chunk also yields the first token
+            r.decoding = True
+            r.decode_left -= 1
+    return k * model.step_s(plan.prefill_tokens, len(plan.decode))
+
+
+def predict_finish_s(req: RouteRequest, w: WorkerView, ahead: Ahead | None = None) -> float:
+    """Seconds from now until ``req`` would end on ``w`` if it were queued there now.
+    ``ahead``: ``drain_ahead(w)`` when the caller already has it (it is not changed)."""
+    t, rows, model = ahead if ahead is not None else drain_ahead(w)
+    active = [_Row(r.prefill_remaining, r.decode_left) for r in rows]
+    for mine, theirs in zip(active, rows, strict=True):
+        mine.decoding = theirs.decoding
+    # The worker always computes >= 1 prompt token (it needs the last token's logits).
+    target = _Row(max(1, req.prompt_tokens - w.cached_tokens), req.max_tokens, True)
+    active.append(target)
+    step_tokens = max(w.step_tokens, w.max_active)
+    while True:
+        if target.decoding and all(r.decoding for r in active):
+            others = [r.decode_left for r in active if r is not target]
+            segments = decode_segments(others, target.decode_left)
+            return t + sum(k * model.step_s(0, b) for k, b in segments)
+        t += _advance(active, model, step_tokens)
+        if target.decoding and target.decode_left <= 0:
+            return t
+        active = [r for r in active if not (r.decoding and r.decode_left <= 0)]
+
+
+class FinishTime:
+    """Predicted finish time of the new request on each worker (see the module docstring).
+
+    The drain of each worker's queue ahead of a new request does not depend on the
+    request, and between two decisions of a burst only the chosen worker's view
+    changes: drains are memoized by view (the cached-prefix count aside), the last
+    ``MEMO`` of them.
+    """
+
+    name = "finish_time"
+    MEMO = 1024
+
+    def __init__(self) -> None:
+        self._ahead: dict[tuple, Ahead] = {}
+
+    def choose(self, req: RouteRequest, workers: list[WorkerView]) -> Decision:
+        return tie_break(workers, {w.id: predict_finish_s(req, w, self._drain(w)) for w in workers})
+
+    def _drain(self, w: WorkerView) -> Ahead:
+        overhead = getattr(w, "step_overhead_s", 0.0)
+        key = (
+            w.prefill_rate,
+            w.decode_rates,
+            w.max_active,
+            w.step_tokens,
+            overhead,
+            w.active,
+            w.queued,
+        )
+        hit = self._ahead.get(key)
+        if hit is None:
+            if len(self._ahead) >= self.MEMO:
+                self._ahead.pop(next(iter(self._ahead)))  # oldest first (dicts keep order)
+            hit = self._ahead[key] = drain_ahead(w)
+        return hit

@@ -1,0 +1,145 @@
+"""The rates the router prices a worker with: live step times, the profile as a prior.
+
+A worker's Ready carries its profile (``tandem profile``: measured once, in
+isolation, at one context); its heartbeats carry the live step-time model
+(``common.steptime``: every step it actually ran). ``price`` combines them:
+
+1. The profile is repaired first (``common.ratefit``): a point far off what its
+   neighbours allow is replaced from them, then the table is made monotone.
+2. Where the live model has decode samples at batch b, the rate is the geometric
+   blend of live and profile, the profile weighing as much as PRIOR_SAMPLES steps
+   (a few hundred steps later the profile no longer matters there).
+3. Batch sizes without samples keep the profile's shape at the level live samples
+   show: they are scaled by the live/profile factor of the sampled batch sizes
+   around them (interpolated in log space), each factor shrunk toward 1 by its
+   evidence. Past the sampled range the nearest factor is borrowed with its log
+   divided by 1 + the doublings to it: a profile's shape can be wrong (the H200's
+   GPU profile flattened from batch 8 while serving kept rising), and a worker
+   priced too slow at sizes it has not run is never given the work that would
+   show otherwise, while one priced too fast gets it and is measured. Nor may a
+   guess beat physics: past the largest sampled size b1 with rate r1, at most
+   r1 * b / b1 (a step never gets shorter with more rows); below the smallest,
+   between r0 * b / b0 and r0.
+4. A weighted monotone fit over the result (weights: PRIOR_SAMPLES + samples), so
+   well-measured points decide where they disagree with guesses.
+
+Prefill: the live rate of the largest chunk bucket of at least MIN_PREFILL_CHUNK
+tokens, blended the same way (short chunks are dominated by per-step overhead and
+say little about a cold prompt's rate).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tandem.common.ratefit import Fit, fit_decode_rates, pav
+from tandem.common.steptime import StepModel
+
+PRIOR_SAMPLES = 8.0  # the profile weighs as much as this many measured steps
+MIN_PREFILL_CHUNK = 64
+
+
+@dataclass(frozen=True)
+class Rates:
+    """One worker's prices: what policies see, and what they came from."""
+
+    prefill_tok_s: float
+    decode_tok_s: tuple[float, ...]  # priced aggregate tok/s at batch 1..max_active
+    live_prefill_tok_s: float | None = None
+    live_decode_tok_s: tuple[float | None, ...] = ()  # measured, None where no samples
+    live_decode_samples: tuple[int, ...] = ()
+    context: float = 0.0  # context tokens per row the live decode rates hold at
+    context_s: float = 0.0  # extra step seconds per context token per row
+    prefill_by_chunk: tuple[tuple[int, float], ...] = ()
+    repaired: tuple[int, ...] = ()  # profile batch sizes replaced as far off their neighbours
+
+
+def price(
+    prefill_prior: float,
+    decode_prior: Sequence[float],
+    max_active: int,
+    model: StepModel | None = None,
+) -> Rates:
+    """A worker's rates from its profile and (when given) its live step model."""
+    repaired = _repaired(tuple(decode_prior), max_active)
+    batches = range(1, max_active + 1)
+    live = model.decode_tok_s() if model is not None else {}
+    live = {b: x for b, x in live.items() if b <= max_active}
+    decode = _blend_decode(list(repaired.rates), live) if live else repaired.rates
+    prefill, live_prefill = prefill_prior, _live_prefill(model)
+    if live_prefill is not None:
+        prefill *= _shrunk(live_prefill[0] / prefill_prior, live_prefill[1])
+    measured = model if model is not None and live else StepModel()
+    return Rates(
+        prefill_tok_s=prefill,
+        decode_tok_s=decode,
+        live_prefill_tok_s=live_prefill[0] if live_prefill else None,
+        live_decode_tok_s=tuple(live[b][0] if b in live else None for b in batches),
+        live_decode_samples=tuple(live[b][1] if b in live else 0 for b in batches),
+        context=measured.context,
+        context_s=measured.context_s,
+        prefill_by_chunk=tuple(zip(model.prefill_chunk, model.prefill_tok_s, strict=True))
+        if model is not None
+        else (),
+        repaired=repaired.dropped,
+    )
+
+
+def _blend_decode(prior: list[float], live: dict[int, tuple[float, int]]) -> tuple[float, ...]:
+    """Steps 2-4 of the module docstring: blend, borrow the nearest factor, fit."""
+    logf = {b: math.log(_shrunk(rate / prior[b - 1], n)) for b, (rate, n) in live.items()}
+    blended, weights = [], []
+    for b in range(1, len(prior) + 1):
+        lo = max((s for s in logf if s <= b), default=None)
+        hi = min((s for s in logf if s >= b), default=None)
+        if lo is None or hi is None:  # past the sampled range: borrow, less the further
+            near = hi if lo is None else lo
+            f = logf[near] / (1 + abs(math.log2(b / near)))
+        elif lo == hi:
+            f = logf[lo]
+        else:  # between two sampled sizes: interpolate (in log space)
+            f = logf[lo] + (logf[hi] - logf[lo]) * (b - lo) / (hi - lo)
+        blended.append(prior[b - 1] * math.exp(f))
+        weights.append(PRIOR_SAMPLES + (live[b][1] if b in live else 0))
+    b0, b1 = min(live), max(live)
+    r0, r1 = blended[b0 - 1], blended[b1 - 1]
+    for b in range(1, len(prior) + 1):
+        if b > b1:
+            blended[b - 1] = min(blended[b - 1], r1 * b / b1)
+        elif b < b0:
+            blended[b - 1] = min(r0, max(blended[b - 1], r0 * b / b0))
+    return tuple(pav(blended, weights))
+
+
+@functools.lru_cache(maxsize=1024)
+def _repaired(prior: tuple[float, ...], max_active: int) -> Fit:
+    """The profile's repair: fixed per worker, so computed once, not per heartbeat."""
+    return fit_decode_rates(_padded(prior, max_active))
+
+
+def _padded(rates: Sequence[float], n: int) -> list[float]:
+    """``rates`` cut or extended to n entries (a plateau past the last one)."""
+    out = [float(x) for x in rates[:n]]
+    return out + [out[-1]] * (n - len(out))
+
+
+def _shrunk(factor: float, samples: int) -> float:
+    """A live/prior factor, trusted by its evidence: 1 with no samples, the factor
+    itself once samples outweigh the prior (geometric, so 2x and 1/2 are symmetric)."""
+    share = samples / (samples + PRIOR_SAMPLES)
+    return math.exp(share * math.log(factor))
+
+
+def _live_prefill(model: StepModel | None) -> tuple[float, int] | None:
+    if model is None:
+        return None
+    big = [(c, r, n) for c, r, n in zip(model.prefill_chunk, model.prefill_tok_s,
+                                        model.prefill_samples, strict=True)
+           if c >= MIN_PREFILL_CHUNK]  # fmt: skip
+    if not big:
+        return None
+    _, rate, n = big[-1]
+    return rate, n

@@ -1,0 +1,57 @@
+"""Token deltas on their way to clients, coalesced per request within one drain.
+
+A worker sends one TokenDelta per request per step. When the router falls
+behind, several of a request's deltas wait in its socket at once; relaying them
+one frame each costs the router (and the client) per frame. The router instead
+collects a request's deltas while it drains the worker socket and sends them as
+one frame at the end of the drain, or at once before anything that must follow
+them (the request's Done or Error). A drain reads only what is already queued,
+so a delta waits for no new input: at low load every frame is relayed alone, as
+soon as it arrives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tandem.broker.registry import WorkerState
+from tandem.broker.requests import ClientRequest
+
+
+@dataclass
+class Pending:
+    """One request's tokens received this drain, not yet sent to its client."""
+
+    worker: WorkerState
+    req: ClientRequest
+    token_ids: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+
+class TokenOutbox:
+    """Pending token deltas by worker-side request id."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, Pending] = {}
+
+    def add(self, worker: WorkerState, req: ClientRequest, ids: list[int], text: str) -> None:
+        wid = req.wid or ""
+        entry = self._pending.get(wid)
+        if entry is None:
+            entry = self._pending[wid] = Pending(worker, req)
+        entry.token_ids.extend(ids)
+        entry.texts.append(text)
+
+    def pop(self, wid: str) -> Pending | None:
+        """Take ``wid``'s pending tokens (to send them before its Done or Error)."""
+        return self._pending.pop(wid, None)
+
+    def take_all(self) -> list[Pending]:
+        """Every pending entry, in arrival order; the outbox is empty after."""
+        out = list(self._pending.values())
+        self._pending.clear()
+        return out

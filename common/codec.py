@@ -1,0 +1,200 @@
+"""Dataclasses to and from msgpack maps, every field checked, at msgpack's cost.
+
+``codec_for(cls)`` compiles a class once: its type hints are resolved and each
+field gets a checker built for its declared type (nested dataclasses, lists of
+them, StrEnums, ``X | None``, ``list[int]``, ``dict[str, Any]``, ...). Decoding a
+map then costs a dict lookup and a type test per field; encoding reads the
+fields without the deep copy ``dataclasses.asdict`` makes (msgpack packs the
+lists and dicts as they are; only nested dataclasses become maps).
+
+Values come from msgpack, which yields exact builtin types (``int``, ``float``,
+``str``, ``bool``, ``list``, ``dict``, ``None``), so scalar and list items are
+checked by exact type: ``bool`` is never an ``int`` here, and an ``int`` is
+accepted (and converted) where a ``float`` field is declared.
+
+Why not msgspec: measured on this machine (docs/results/router-overhead.md),
+its typed decode of a Submit frame costs about what this one does once the
+result must be these dataclasses (the rest of the code base uses them) and
+our error messages (which name the message and field, and the tests and
+clients rely on), while adding a compiled dependency; the time left in the
+router's hot path is not in this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import types
+import typing
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Any, Union
+
+Check = Callable[[Any], Any]  # returns the (possibly converted) value or raises FieldError
+
+_EXACT: dict[Any, frozenset[type]] = {
+    int: frozenset({int}),
+    float: frozenset({int, float}),
+    str: frozenset({str}),
+    bool: frozenset({bool}),
+}
+
+
+class FieldError(ValueError):
+    """A map does not fit its dataclass; the message names the class and field."""
+
+
+def label(cls: type[Any]) -> str:
+    """A class's name in messages: its wire tag (``TYPE``) when it has one."""
+    return getattr(cls, "TYPE", "") or cls.__name__
+
+
+class Codec:
+    """The compiled form of one dataclass (built once per class by ``codec_for``)."""
+
+    def __init__(self, cls: type[Any]) -> None:
+        self.cls = cls
+        self.label = label(cls)
+        hints = typing.get_type_hints(cls)
+        fields = dataclasses.fields(cls)
+        self.names = frozenset(f.name for f in fields)
+        self._order = tuple(f.name for f in fields)
+        self._get = operator.attrgetter(*self._order) if len(self._order) > 1 else None
+        self._checks: list[tuple[str, bool, Check | None]] = []
+        self._nested: list[tuple[str, Check]] = []  # fields to turn into maps on encode
+        for f in fields:
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            hint = hints[f.name]
+            self._checks.append((f.name, required, _checker(hint, f"{self.label}.{f.name}")))
+            enc = _encoder(hint)
+            if enc is not None:
+                self._nested.append((f.name, enc))
+
+    def build(self, body: dict[str, Any]) -> Any:
+        """An instance from ``body`` (a str-keyed map; modified in place)."""
+        if not body.keys() <= self.names:
+            unknown = sorted(set(body) - self.names)
+            raise FieldError(f"{self.label}: unknown field(s) {unknown}")
+        for name, required, check in self._checks:
+            if name in body:
+                if check is not None:
+                    body[name] = check(body[name])
+            elif required:
+                raise FieldError(f"{self.label}: missing field {name!r}")
+        return self.cls(**body)
+
+    def to_map(self, obj: Any) -> dict[str, Any]:
+        """``obj``'s fields as a map; nested dataclasses as maps, the rest shared."""
+        if self._get is None:
+            body = {n: getattr(obj, n) for n in self._order}
+        else:
+            body = dict(zip(self._order, self._get(obj), strict=True))
+        for name, enc in self._nested:
+            body[name] = enc(body[name])
+        return body
+
+
+_CODECS: dict[type[Any], Codec] = {}
+
+
+def codec_for(cls: type[Any]) -> Codec:
+    codec = _CODECS.get(cls)
+    if codec is None:
+        codec = _CODECS[cls] = Codec(cls)
+    return codec
+
+
+def _encoder(hint: Any) -> Check | None:
+    """How a field becomes msgpack-ready: None when it already is."""
+    if dataclasses.is_dataclass(hint):
+        return codec_for(hint).to_map  # type: ignore[arg-type]
+    item = _list_item(hint)
+    if item is not None and dataclasses.is_dataclass(item):
+        to_map = codec_for(item).to_map  # type: ignore[arg-type]
+        return lambda rows: [to_map(r) for r in rows]
+    return None
+
+
+def _checker(hint: Any, where: str) -> Check | None:
+    """A function that checks (and converts) one field's value; None accepts anything."""
+    if dataclasses.is_dataclass(hint):
+        return _map_checker(codec_for(hint), where)  # type: ignore[arg-type]
+    item = _list_item(hint)
+    if item is not None and dataclasses.is_dataclass(item):
+        each = _map_checker(codec_for(item), where)  # type: ignore[arg-type]
+
+        def rows(value: Any) -> Any:
+            if type(value) is not list:
+                raise FieldError(f"{where}: expected a list")
+            return [each(v) for v in value]
+
+        return rows
+    if isinstance(hint, type) and issubclass(hint, StrEnum):
+        members = hint._value2member_map_
+
+        def enum(value: Any) -> Any:
+            if type(value) is not str or value not in members:
+                raise FieldError(f"{where}: unknown value {value!r}")
+            return members[value]
+
+        return enum
+    if hint is Any:
+        return None
+    conforms = _predicate(hint)
+    expected = f"{where}: expected {_type_name(hint)}"
+    to_float = hint is float
+
+    def plain(value: Any) -> Any:
+        if not conforms(value):
+            raise FieldError(f"{expected}, got {type(value).__name__}")
+        return float(value) if to_float and type(value) is int else value
+
+    return plain
+
+
+def _map_checker(codec: Codec, where: str) -> Check:
+    def nested(value: Any) -> Any:
+        if type(value) is not dict or not _str_keys(value):
+            raise FieldError(f"{where}: expected a map")
+        return codec.build(dict(value))
+
+    return nested
+
+
+def _str_keys(d: dict[Any, Any]) -> bool:
+    return all(type(k) is str for k in d)
+
+
+def _list_item(hint: Any) -> Any:
+    return typing.get_args(hint)[0] if typing.get_origin(hint) is list else None
+
+
+def _predicate(hint: Any) -> Callable[[Any], bool]:
+    """Whether a msgpack value fits ``hint`` (compiled once per field)."""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return lambda v: True
+    if origin in (Union, types.UnionType):
+        options = [_predicate(a) for a in typing.get_args(hint)]
+        return lambda v: any(ok(v) for ok in options)
+    if hint is type(None):
+        return lambda v: v is None
+    if hint in _EXACT:
+        allowed = _EXACT[hint]
+        return lambda v: type(v) in allowed
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if item in _EXACT:  # list[int], ...: one pass in C over the item types
+            allowed = _EXACT[item]
+            return lambda v: type(v) is list and set(map(type, v)) <= allowed
+        each = _predicate(item)
+        return lambda v: type(v) is list and all(each(x) for x in v)
+    if origin is dict:
+        return lambda v: type(v) is dict and _str_keys(v)
+    raise TypeError(f"unsupported field type {hint!r}")  # a bug in the message declarations
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) is not None:  # list[int], str | None, ...
+        return str(hint).replace("typing.", "")
+    return getattr(hint, "__name__", str(hint))

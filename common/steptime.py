@@ -1,0 +1,266 @@
+"""Step-time models: what one engine step costs on a worker, measured while it serves.
+
+Pure Python, no model, shared by the worker (which records every step) and the
+router (which prices with the result):
+
+- ``StepStats`` (worker side) keeps, per decode batch size, a bounded window of
+  step seconds and the context the batch decoded at; per prefill chunk size
+  (power-of-two buckets) a window of prefill tok/s. Estimates are medians, so a
+  JIT step or one stall among a window's samples barely moves them.
+- ``StepModel`` is the compact wire form (a few short lists) with strict
+  validation: finite, positive, bounded lengths. Both sides build it only
+  through ``__post_init__``, so a bad heartbeat cannot reach routing.
+- ``common.ratefit`` turns rates by batch size into a non-decreasing table
+  (used on these estimates, on profiles, and on their blend in the router).
+
+Decode slows with context (attention reads every cached token), so a step is
+modelled as ``step_s(b, x) = s_b + k * b * (x - ctx)``: ``s_b`` the step seconds
+at batch b with ``ctx`` tokens of context per row, ``k`` the extra seconds per
+context token per row (a robust slope over samples of equal batch size).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_BATCH = 4096  # largest batch size a model may describe
+MAX_POINTS = 64  # entries per wire list: one per batch size or chunk bucket
+MAX_STEP_S = 3600.0
+MAX_TOK_S = 1e9
+MAX_CONTEXT = 10_000_000
+WINDOW = 64  # samples kept per batch size / chunk bucket
+COUNT_CAP = 1_000_000  # sample counters stop here (they only weigh evidence)
+MIN_CONTEXT_SPAN = 32  # context tokens per row two samples must differ by to give a slope
+MIN_PREFILL_SHARE = 0.25  # a mixed step counts for prefill when prefill took >= this share
+
+
+# Wire key -> StepModel field: short keys keep heartbeats small.
+_WIRE_KEYS = {
+    "b": "decode_batch",
+    "s": "decode_step_s",
+    "n": "decode_samples",
+    "ctx": "context",
+    "k": "context_s",
+    "p": "prefill_chunk",
+    "pr": "prefill_tok_s",
+    "pn": "prefill_samples",
+}
+_INT_FIELDS = {"decode_batch", "decode_samples", "prefill_chunk", "prefill_samples"}
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """A worker's measured step costs (wire form: ``to_wire`` / ``from_wire``).
+
+    decode_batch: batch sizes with samples (strictly increasing, 1..MAX_BATCH).
+    decode_step_s: median seconds of one decode step at each, at ``context`` tokens
+        of context per row. decode_samples: steps seen at each (evidence weight).
+    context: tokens of context per decoding row the step seconds are quoted at.
+    context_s: extra seconds per step per context token per row (>= 0).
+    prefill_chunk: chunk buckets (upper bound of prompt tokens computed in a step,
+        strictly increasing); prefill_tok_s: median rate in each; prefill_samples.
+    """
+
+    decode_batch: tuple[int, ...] = ()
+    decode_step_s: tuple[float, ...] = ()
+    decode_samples: tuple[int, ...] = ()
+    context: float = 0.0
+    context_s: float = 0.0
+    prefill_chunk: tuple[int, ...] = ()
+    prefill_tok_s: tuple[float, ...] = ()
+    prefill_samples: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_series("decode", self.decode_batch, self.decode_step_s, self.decode_samples,
+                      MAX_BATCH, MAX_STEP_S)  # fmt: skip
+        _check_series("prefill", self.prefill_chunk, self.prefill_tok_s, self.prefill_samples,
+                      1 << 30, MAX_TOK_S)  # fmt: skip
+        if not _finite_in(self.context, 0.0, MAX_CONTEXT):
+            raise ValueError(f"context must be in [0, {MAX_CONTEXT}] tokens")
+        if not _finite_in(self.context_s, 0.0, 1.0):
+            raise ValueError("context_s must be in [0, 1] seconds per token")
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, name in _WIRE_KEYS.items():
+            value = getattr(self, name)
+            out[key] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> StepModel:
+        """Parse a heartbeat's ``steps``; ValueError names what is wrong."""
+        if not isinstance(obj, dict):
+            raise ValueError("steps must be a map")
+        unknown = sorted(set(obj) - set(_WIRE_KEYS))
+        if unknown:
+            raise ValueError(f"steps: unknown key(s) {unknown}")
+        kwargs: dict[str, Any] = {}
+        for key, name in _WIRE_KEYS.items():
+            if key not in obj:
+                continue
+            value = obj[key]
+            if name in ("context", "context_s"):
+                kwargs[name] = _number(value, key)
+            elif not isinstance(value, list) or len(value) > MAX_POINTS:
+                raise ValueError(f"steps.{key} must be a list of at most {MAX_POINTS}")
+            else:
+                parse = _int if name in _INT_FIELDS else _number
+                kwargs[name] = tuple(parse(v, key) for v in value)
+        return cls(**kwargs)
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode_batch and not self.prefill_chunk
+
+    def decode_tok_s(self) -> dict[int, tuple[float, int]]:
+        """Aggregate decode tok/s and sample count by batch size (at ``context``)."""
+        rows = zip(self.decode_batch, self.decode_step_s, self.decode_samples, strict=True)
+        return {b: (b / s, n) for b, s, n in rows}
+
+
+def _check_series(
+    what: str, keys: Sequence[int], values: Sequence[float], counts: Sequence[int],
+    key_max: int, value_max: float,
+) -> None:  # fmt: skip
+    if not len(keys) == len(values) == len(counts) or len(keys) > MAX_POINTS:
+        raise ValueError(f"{what}: lists must have equal lengths <= {MAX_POINTS}")
+    if any(not isinstance(k, int) or not 1 <= k <= key_max for k in keys):
+        raise ValueError(f"{what}: sizes must be integers in 1..{key_max}")
+    if any(b <= a for a, b in zip(keys, keys[1:], strict=False)):
+        raise ValueError(f"{what}: sizes must be strictly increasing")
+    if any(not _finite_in(v, 0.0, value_max) or v == 0 for v in values):
+        raise ValueError(f"{what}: values must be finite and in (0, {value_max}]")
+    if any(not isinstance(n, int) or not 1 <= n <= COUNT_CAP for n in counts):
+        raise ValueError(f"{what}: sample counts must be integers in 1..{COUNT_CAP}")
+
+
+def _finite_in(x: Any, lo: float, hi: float) -> bool:
+    return (
+        isinstance(x, int | float)
+        and not isinstance(x, bool)
+        and math.isfinite(x)
+        and lo <= x <= hi
+    )
+
+
+def _number(v: Any, key: str) -> float:
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        raise ValueError(f"steps.{key}: expected numbers, got {type(v).__name__}")
+    return float(v)
+
+
+def _int(v: Any, key: str) -> int:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise ValueError(f"steps.{key}: expected integers, got {type(v).__name__}")
+    return v
+
+
+# ---------------------------------------------------------------- worker-side statistics
+@dataclass
+class _Window:
+    samples: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    seen: int = 0  # samples ever added (capped)
+
+    def add(self, value: float, context: float = 0.0) -> None:
+        self.samples.append((value, context))
+        self.seen = min(COUNT_CAP, self.seen + 1)
+
+
+class StepStats:
+    """Robust statistics of one worker's engine steps (see the module docstring).
+
+    ``record`` takes every step the engine ran: how many rows decoded, their total
+    context (KV tokens before the step), prompt tokens computed, and seconds.
+    ``version`` counts recorded samples, so callers can tell when to re-send;
+    ``sizes`` counts batch sizes and chunk buckets opened (the first sample at a
+    new batch size is worth sending at once: the router has nothing there).
+    """
+
+    def __init__(self) -> None:
+        self.decode: dict[int, _Window] = {}  # batch size -> (step seconds, context per row)
+        self.prefill: dict[int, _Window] = {}  # chunk bucket -> (tok/s, 0)
+        self.version = 0
+        self.sizes = 0  # batch sizes and chunk buckets ever opened: new ones are news
+
+    def record(self, batch: int, context_tokens: int, prefill_tokens: int, seconds: float) -> None:
+        if not (math.isfinite(seconds) and 0 < seconds <= MAX_STEP_S) or batch < 0:
+            return  # a clock glitch says nothing about the device
+        if batch > MAX_BATCH or prefill_tokens < 0:
+            return
+        if prefill_tokens == 0 and batch > 0:
+            self._window(self.decode, batch).add(seconds, context_tokens / batch)
+        elif prefill_tokens > 0:
+            decode_s = self._decode_estimate(batch) if batch else 0.0
+            if decode_s is None:
+                return  # a mixed step we cannot split yet
+            prefill_s = seconds - decode_s
+            if prefill_s < MIN_PREFILL_SHARE * seconds:
+                return  # mostly decode: the remainder is noise, not prefill
+            bucket = 1 << (prefill_tokens - 1).bit_length()  # 1, 2, 4, ... >= tokens
+            self._window(self.prefill, bucket).add(prefill_tokens / prefill_s)
+        else:
+            return
+        self.version += 1
+
+    def _window(self, table: dict[int, _Window], key: int) -> _Window:
+        if key not in table:
+            self.sizes += 1
+            if len(table) >= MAX_POINTS:  # bounded: forget the rarest
+                del table[min(table, key=lambda k: table[k].seen)]
+        return table.setdefault(key, _Window())
+
+    def _decode_estimate(self, batch: int) -> float | None:
+        w = self.decode.get(batch)
+        if w is None or len(w.samples) < 3:
+            return None
+        return statistics.median(s for s, _ in w.samples)
+
+    def model(self) -> StepModel:
+        """The current estimates in wire form (empty lists while nothing is known)."""
+        k = context_slope(self.decode)
+        rows = [x for w in self.decode.values() for _, x in w.samples]
+        ctx = statistics.median(rows) if rows else 0.0
+        batches = sorted(self.decode)
+        steps = []
+        for b in batches:
+            at_ctx = [s + k * b * (ctx - x) for s, x in self.decode[b].samples]
+            steps.append(max(1e-9, statistics.median(at_ctx)))
+        chunks = sorted(self.prefill)
+        return StepModel(
+            decode_batch=tuple(batches),
+            decode_step_s=tuple(min(MAX_STEP_S, s) for s in steps),
+            decode_samples=tuple(self.decode[b].seen for b in batches),
+            context=min(float(MAX_CONTEXT), ctx),
+            context_s=min(1.0, k),
+            prefill_chunk=tuple(chunks),
+            prefill_tok_s=tuple(
+                min(MAX_TOK_S, statistics.median(r for r, _ in self.prefill[c].samples))
+                for c in chunks
+            ),
+            prefill_samples=tuple(self.prefill[c].seen for c in chunks),
+        )
+
+
+def context_slope(decode: dict[int, _Window]) -> float:
+    """Extra step seconds per context token per row, >= 0.
+
+    Within each batch size, samples sorted by context are paired with the sample
+    half a window further on (when their contexts differ by MIN_CONTEXT_SPAN or
+    more); the slope is the median over all pairs of all batch sizes, each pair's
+    seconds difference divided by its extra context tokens summed over the rows.
+    Medians of pairwise slopes (Theil–Sen) ignore a minority of stalled steps.
+    """
+    slopes = []
+    for b, w in decode.items():
+        pts = sorted(w.samples, key=lambda sx: sx[1])
+        half = len(pts) // 2
+        for (s0, x0), (s1, x1) in zip(pts, pts[half:], strict=False):
+            if x1 - x0 >= MIN_CONTEXT_SPAN:
+                slopes.append((s1 - s0) / (b * (x1 - x0)))
+    return max(0.0, statistics.median(slopes)) if slopes else 0.0

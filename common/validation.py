@@ -1,0 +1,188 @@
+"""Bounds on every decoded message: what a well-typed frame must also satisfy.
+
+``common.protocol.decode`` checks types; this module checks values, so that no
+peer (a buggy worker, a stranger on the socket, a fuzzer) can put NaN rates, a
+heartbeat period of 1e9 s, negative counters, megabyte ids or 10,000-deep maps
+into the router's state. ``decode`` calls :func:`message_problem` on every
+message it builds and turns a Problem into a ProtocolError, so the handlers only
+ever see values inside the limits below (documented in docs/PROTOCOL.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tandem.common.errors import Problem
+
+if TYPE_CHECKING:  # messages are read by attribute: nothing of the protocol at import
+    from tandem.common import protocol as p
+
+MAX_ID_CHARS = 256  # request ids, worker ids, labels
+MAX_DEPTH = 8  # nesting of free-form maps (stats, cache reports, chat messages)
+MAX_ACTIVE = 4096
+MAX_N_CTX = 1 << 24
+MAX_RATE_TOK_S = 1e9
+HEARTBEAT_S = (0.01, 60.0)  # a worker's period: a 1e9 s period would never expire
+MAX_COUNT = 1 << 40  # token counters in heartbeats
+MAX_ROWS = 1 << 16  # requests one heartbeat may list
+MAX_TOKENS_PER_FRAME = 1 << 16  # token ids in one TokenDelta
+MAX_TOKEN_ID = 1 << 31
+MAX_TEXT_CHARS = 1 << 20
+MAX_STATS_KEYS = 64
+NUMERIC_STATS = (
+    "prompt_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "worker_queue_s",
+    "prefill_s",
+    "decode_s",
+)
+
+Check = Callable[[Any], "Problem | None"]
+
+
+def message_problem(msg: p.Message) -> Problem | None:
+    """What puts ``msg`` outside the protocol's bounds, or None."""
+    problem = _tree_problem(msg.__dict__, 0)
+    if problem is not None:
+        return problem
+    check = _CHECKS.get(msg.TYPE)
+    return check(msg) if check is not None else None
+
+
+def _bad(what: str) -> Problem:
+    return Problem.bad_request(what)
+
+
+def _tree_problem(value: Any, depth: int, path: str = "") -> Problem | None:
+    """Free-form values: finite numbers only, nesting at most MAX_DEPTH."""
+    if depth > MAX_DEPTH:
+        return _bad(f"values nest deeper than {MAX_DEPTH} levels (at {path})")
+    if isinstance(value, float) and not math.isfinite(value):
+        return _bad(f"{path} must be a finite number, got {value!r}")
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list | tuple):
+        if value and isinstance(value[0], int):
+            return None  # token lists: ints only (typed by the decoder), no need to walk
+        items = enumerate(value)
+    elif hasattr(value, "__dataclass_fields__"):
+        items = value.__dict__.items()
+    else:
+        return None
+    for key, v in items:
+        problem = _tree_problem(v, depth + 1, f"{path}.{key}" if path else str(key))
+        if problem is not None:
+            return problem
+    return None
+
+
+def _id_problem(name: str, value: str | None, required: bool = True) -> Problem | None:
+    if value is None or (not value and not required):
+        return None
+    if not value or len(value) > MAX_ID_CHARS or not value.isprintable():
+        return _bad(f"{name} must be 1..{MAX_ID_CHARS} printable characters")
+    return None
+
+
+def _within(name: str, value: float, lo: float, hi: float) -> Problem | None:
+    if not lo <= value <= hi:
+        return _bad(f"{name} must be in [{lo:g}, {hi:g}], got {value!r}")
+    return None
+
+
+def _first(*problems: Problem | None) -> Problem | None:
+    return next((x for x in problems if x is not None), None)
+
+
+def _ready(m: p.Ready) -> Problem | None:
+    return _first(
+        _id_problem("worker_id", m.worker_id),
+        *(_id_problem(k, getattr(m, k)) for k in ("backend", "device", "model")),
+        _id_problem("instance", m.instance, required=False),
+        _id_problem("weights", m.weights, required=False),
+        _within("max_active", m.max_active, 1, MAX_ACTIVE),
+        _within("n_ctx", m.n_ctx, 1, MAX_N_CTX),
+        _within("block_size", m.block_size, 1, 4096),
+        _within("max_tokens_limit", m.max_tokens_limit, 1, MAX_N_CTX),
+        _within("step_tokens", m.step_tokens, m.max_active, MAX_N_CTX),
+        _within("prefill_tok_s", m.prefill_tok_s, 1e-3, MAX_RATE_TOK_S),
+        _within("heartbeat_s", m.heartbeat_s, *HEARTBEAT_S),
+        _within("len(decode_tok_s)", len(m.decode_tok_s), 1, m.max_active),
+        *(_within("decode_tok_s", r, 1e-3, MAX_RATE_TOK_S) for r in m.decode_tok_s),
+    )
+
+
+def _row(r: p.RequestRow) -> Problem | None:
+    counts = (r.prompt, r.cached, r.prefill_remaining, r.decode_remaining)
+    return _first(
+        _id_problem("row id", r.id), *(_within("row counter", c, 0, MAX_COUNT) for c in counts)
+    )
+
+
+def _heartbeat(m: p.Heartbeat) -> Problem | None:
+    rows = m.active + m.queued
+    return _first(
+        _id_problem("worker_id", m.worker_id),
+        _within("seq", m.seq, 0, 1 << 62),
+        _within("rows", len(rows), 0, MAX_ROWS),
+        _within("kv_used_tokens", m.kv_used_tokens, 0, MAX_COUNT),
+        _within("kv_capacity_tokens", m.kv_capacity_tokens, 0, MAX_COUNT),
+        *(_row(r) for r in rows),
+    )
+
+
+def _done(m: p.Done) -> Problem | None:
+    if len(m.stats) > MAX_STATS_KEYS:
+        return _bad(f"done.stats has more than {MAX_STATS_KEYS} keys")
+    for key in NUMERIC_STATS:
+        v = m.stats.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v < 0):
+            return _bad(f"done.stats.{key} must be a number >= 0, got {v!r}")
+    return _id_problem("request_id", m.request_id)
+
+
+def _tokens(m: p.TokenDelta) -> Problem | None:
+    return _first(
+        _id_problem("request_id", m.request_id),
+        _within("len(token_ids)", len(m.token_ids), 0, MAX_TOKENS_PER_FRAME),
+        *(_within("token id", t, 0, MAX_TOKEN_ID) for t in m.token_ids),
+        _within("len(text)", len(m.text), 0, MAX_TEXT_CHARS),
+    )
+
+
+def _assign(m: p.Assign) -> Problem | None:
+    return _first(
+        _id_problem("request_id", m.request_id),
+        _within("resume", m.resume, 0, len(m.tokens)),
+        m.sampling.problem(),
+    )
+
+
+def _submit(m: p.Submit) -> Problem | None:
+    return _first(
+        _id_problem("request_id", m.request_id),
+        _id_problem("worker", m.worker),
+        m.sampling.problem(),
+    )
+
+
+def _error(m: p.Error) -> Problem | None:
+    if m.retry_after_s is not None and not 0 <= m.retry_after_s <= 3600:
+        return _bad("retry_after_s must be in [0, 3600]")
+    return _within("len(message)", len(m.message), 0, MAX_TEXT_CHARS)
+
+
+_CHECKS: dict[str, Check] = {  # by message tag
+    "ready": _ready,
+    "heartbeat": _heartbeat,
+    "done": _done,
+    "tokens": _tokens,
+    "assign": _assign,
+    "submit": _submit,
+    "error": _error,
+    "cancel": lambda m: _id_problem("request_id", m.request_id),
+    "goodbye": lambda m: _id_problem("worker_id", m.worker_id),
+}

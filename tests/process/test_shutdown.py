@@ -1,0 +1,45 @@
+"""A worker told to stop (SIGTERM) exits within 2 s, even mid-stream, and what it
+held is not left hanging: the router migrates the stream to another worker, and
+with none to take it the client gets a clear error once --no-worker-wait-s passes."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import pytest
+
+from tandem.client import NoWorkers
+from tandem.launcher.cluster import Cluster, WorkerSpec
+from tests.helpers import LLAMA_ARGS, needs_llama, wait_for
+
+EXIT_BOUND_S = 2.0
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        pytest.param(WorkerSpec("cpu0", LLAMA_ARGS), marks=[needs_llama, pytest.mark.model]),
+        WorkerSpec("sim0", ["--backend", "sim", "--profile", "cpu-m2"]),
+    ],
+    ids=["llama.cpp", "sim"],
+)
+def test_sigterm_mid_stream_exits_promptly_and_fails_the_stream(spec: WorkerSpec) -> None:
+    router = ["--no-worker-wait-s", "2"]
+    with Cluster(workers=[spec], router_args=router) as cl, cl.client(timeout_s=60) as c:
+        stream = c.stream("Tell me a long story.", max_tokens=400, ignore_eos=True)
+        tokens = iter(stream)
+        next(tokens), next(tokens)  # it is streaming
+        proc = cl.procs[spec.worker_id]
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=EXIT_BOUND_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail(f"worker still running {EXIT_BOUND_S} s after SIGTERM")
+        assert code == 0, cl.log(spec.worker_id)
+        with pytest.raises(NoWorkers):  # the only worker is gone: nowhere to migrate
+            for _ in tokens:
+                pass
+        wait_for(c, lambda workers: workers == [], timeout_s=10)
+        assert c.status().requests_in_flight == 0

@@ -1,0 +1,162 @@
+"""Routing decisions are unchanged by hot-path work: a scripted, seeded session
+(submits, heartbeats with rows and cache blocks, token deltas, finishes, under
+each policy) is replayed against the router and every decision record (inputs:
+each candidate's active/queued counts, cached tokens, P, D, rates; output: the
+scores and the choice) must equal the one recorded before the router's routing
+state became incremental (tests/fixtures/decisions_replay.json).
+
+Regenerate the fixture only when a routing change is intended:
+``python -m tests.unit.test_decision_replay --record``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tandem.common import protocol as p
+from tandem.common.blocks import block_hashes
+from tests.helpers import Harness
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "decisions_replay.json"
+SCENARIOS = {
+    "phase_cost": {"policy": "phase_cost"},
+    "phase_cost_ratio": {"policy": "phase_cost", "decode_estimate": "ratio"},
+    "least_tokens": {"policy": "least_tokens"},
+    "cache_aware": {"policy": "cache_aware"},
+    "least_loaded": {"policy": "least_loaded"},
+}
+RATES = [
+    (2551.0, [293.0, 533.0, 732.0, 902.0]),
+    (73.0, [45.0, 58.0, 64.0, 68.0]),
+    (210.0, [55.0, 70.0]),
+    (900.0, [120.0, 200.0, 260.0]),
+    (73.0, [45.0, 58.0, 64.0, 68.0]),
+]
+PREFIXES = [[(7 * i + 3 * k) % 997 + 1 for k in range(160)] for i in range(4)]
+STEPS = 160
+
+
+class Session:
+    """Fake workers that remember what they were assigned and report it back."""
+
+    def __init__(self, h: Harness, rng: random.Random) -> None:
+        self.h, self.rng = h, rng
+        self.assigned: dict[
+            str, dict[str, list[Any]]
+        ] = {}  # worker -> wid -> [tokens, budget, done]
+        self.seq: dict[str, int] = {}
+        self.n = 0
+
+    def start(self) -> None:
+        for i, rates in enumerate(RATES):
+            wid = f"w{i}"
+            self.h.add_worker(wid, rates, max_active=len(rates[1]))
+            self.assigned[wid], self.seq[wid] = {}, 0
+
+    def drain(self) -> None:
+        """Collect Assigns on every worker and drop what the client received."""
+        for wid, sock in self.h.workers.items():
+            while sock.poll(0):
+                msg = sock.recv()
+                if isinstance(msg, p.Assign):
+                    self.assigned[wid][msg.request_id] = [msg.tokens, msg.sampling.max_tokens, 0]
+        while self.h.client.poll(0):
+            self.h.client.recv()
+
+    def step(self) -> None:
+        action = self.rng.choices(["submit", "heartbeat", "tokens", "done"], [5, 2, 3, 2])[0]
+        getattr(self, action)()
+        self.drain()
+
+    def submit(self) -> None:
+        self.n += 1
+        head = self.rng.choice(PREFIXES)[: self.rng.choice([0, 16, 48, 100, 160])]
+        tail = [self.rng.randrange(1, 999) for _ in range(self.rng.randrange(1, 120))]
+        budget = self.rng.choice([1, 8, 32, 64, 200])
+        self.h.client.send(
+            p.Submit(f"r{self.n}", tokens=head + tail, sampling=p.SamplingParams(budget))
+        )
+        self.h.pump()
+
+    def _live(self) -> list[tuple[str, str]]:
+        return sorted((w, r) for w, reqs in self.assigned.items() for r in reqs)
+
+    def heartbeat(self) -> None:
+        wid = self.rng.choice(sorted(self.assigned))
+        reqs = sorted(self.assigned[wid].items())
+        rows = []
+        for rid, (tokens, budget, seen) in reqs:
+            cached = self.rng.choice([0, 16, 32])
+            left = self.rng.choice([0, len(tokens) // 2])
+            rows.append(p.RequestRow(rid, len(tokens), cached, left, max(0, budget - seen)))
+        split = self.rng.randrange(len(rows) + 1)
+        blocks = [h for pre in PREFIXES[: self.rng.randrange(3)] for h in block_hashes(pre, 16)]
+        self.seq[wid] += 1
+        self.h.heartbeat(wid, self.seq[wid], rows[:split], rows[split:], blocks)
+
+    def tokens(self) -> None:
+        live = self._live()
+        if not live:
+            return
+        wid, rid = self.rng.choice(live)
+        n = self.rng.randrange(1, 6)
+        self.assigned[wid][rid][2] += n
+        self.h.workers[wid].send(p.TokenDelta(rid, list(range(n)), "x" * n))
+        self.h.pump()
+
+    def done(self) -> None:
+        live = self._live()
+        if not live:
+            return
+        wid, rid = self.rng.choice(live)
+        _, budget, seen = self.assigned[wid].pop(rid)
+        stats = {"output_tokens": seen, "prompt_tokens": 1, "cached_tokens": 0}
+        self.h.workers[wid].send(
+            p.Done(rid, p.FinishReason.EOS if seen < budget else "length", stats)
+        )
+        self.h.pump()
+
+
+def run_scenario(cfg: dict[str, Any], tmp_path: Path, seed: int = 12) -> list[dict[str, Any]]:
+    """Every decision record of one seeded session (``time`` removed)."""
+    h = Harness(tmp_path, calibrate=False, **cfg)
+    try:
+        s = Session(h, random.Random(seed))
+        s.start()
+        for _ in range(STEPS):
+            s.step()
+        records = h.decisions()
+    finally:
+        h.close()
+    for r in records:
+        r.pop("time")
+    return records
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_replayed_decisions_are_unchanged(name: str, tmp_path: Path) -> None:
+    recorded = json.loads(FIXTURE.read_text())[name]
+    replayed = run_scenario(SCENARIOS[name], tmp_path)
+    assert len(replayed) == len(recorded) > 40
+    for before, after in zip(recorded, replayed, strict=True):
+        assert after == before, f"decision for {before['request']} changed"
+
+
+def _record() -> None:
+    out = {}
+    for name, cfg in SCENARIOS.items():
+        with tempfile.TemporaryDirectory() as d:
+            out[name] = run_scenario(cfg, Path(d))
+    FIXTURE.write_text(json.dumps(out, indent=0, sort_keys=True) + "\n")
+    print(f"recorded {sum(len(v) for v in out.values())} decisions in {FIXTURE}")
+
+
+if __name__ == "__main__" and "--record" in sys.argv:
+    _record()

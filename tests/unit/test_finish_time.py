@@ -1,0 +1,137 @@
+"""The shared schedule rules and the finish-time predictor, checked against the real engine.
+
+The predictor replays workers/schedule.py forward from a worker's view; the
+engine runs the same rules step by step. On a twin worker (the real Engine over
+a virtual-clock device) the predicted finish of a new request must equal when
+the engine really finishes it, whatever the state it joins.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tandem.broker.policies import FinishTime, Load, RouteRequest, WorkerView, parse_policy
+from tandem.broker.policies.finish import predict_finish_s
+from tandem.common import protocol as p
+from tandem.common.protocol import SamplingParams
+from tandem.twin.world import NO_DELAY, TwinWorker, World
+from tandem.workers.backends.sim import SimProfile
+from tandem.workers.engine import EngineConfig
+from tandem.workers.request import Request
+from tandem.workers.schedule import decode_segments, plan_step, repeats
+
+GPU = SimProfile("gpu", 2551.0, tuple(0.003413 * (1 + 0.1 * b) for b in range(8)))
+
+
+class Row:
+    def __init__(self, prefill: int, decoding: bool = False) -> None:
+        self.prefill_remaining = prefill
+        self.decoding = decoding
+
+
+def test_plan_step_feeds_decodes_first_then_prefill_chunks_in_order():
+    rows = [Row(0, True), Row(100), Row(0, True), Row(50)]
+    plan = plan_step(rows, 64)
+    assert plan.decode == [rows[0], rows[2]]
+    assert plan.prefill == [(rows[1], 62)]
+    assert plan.prefill_tokens == 62
+    assert repeats(plan, [9, 4]) == 1  # 100 // 62: one full chunk, then a shorter one
+
+
+def test_repeats_until_the_first_end():
+    rows = [Row(0, True), Row(0, True)]
+    assert repeats(plan_step(rows, 8), [7, 3]) == 3
+    rows = [Row(0, True), Row(40)]
+    assert repeats(plan_step(rows, 11), [30]) == 4  # 10-token chunks: the 4th ends the prefill
+
+
+def test_decode_segments_shrink_the_batch_at_each_end():
+    assert decode_segments([2, 5, 9], 5) == [(2, 4), (3, 3)]
+    assert decode_segments([], 3) == [(3, 1)]
+
+
+def _twin(max_active: int, step_tokens: int) -> tuple[World, TwinWorker]:
+    world = World()
+    cfg = EngineConfig(max_active=max_active, step_tokens=step_tokens, cache_tokens=0)
+    return world, TwinWorker(world, "w", GPU, cfg, lambda wid, msgs: None, NO_DELAY)
+
+
+def _view(w: TwinWorker, max_active: int, step_tokens: int) -> WorkerView:
+    e = w.engine
+    return WorkerView(
+        "w",
+        GPU.prefill_tok_s,
+        tuple(GPU.decode_tok_s()),
+        max_active,
+        active=tuple(Load(r.prefill_remaining, r.decode_remaining) for r in e.active),
+        queued=tuple(Load(r.prefill_remaining, r.decode_remaining) for r in e.queue),
+        step_tokens=step_tokens,
+    )
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_prediction_equals_what_the_engine_does(seed):
+    rng = random.Random(seed)
+    max_active, step_tokens = rng.choice([1, 3, 8]), rng.choice([16, 64, 256])
+    step_tokens = max(step_tokens, max_active)
+    world, w = _twin(max_active, step_tokens)
+    for i in range(rng.randint(0, 14)):
+        prompt = [1000 + i] * rng.randint(1, 600)
+        w.engine.submit(
+            Request(f"r{i}", prompt, SamplingParams(max_tokens=rng.randint(1, 60), ignore_eos=True))
+        )
+    for _ in range(rng.randint(0, 30)):  # some steps in: a mix of prefills, decodes, a queue
+        if w.engine.queue or w.engine.active:
+            w.engine.step()
+    new = RouteRequest(rng.randint(1, 700), rng.randint(1, 80))
+    predicted = predict_finish_s(new, _view(w, max_active, step_tokens))
+    start = w.now
+    w.engine.submit(
+        Request(
+            "new",
+            [7] * new.prompt_tokens,
+            SamplingParams(max_tokens=new.max_tokens, ignore_eos=True),
+        )
+    )
+    while not any(isinstance(m, p.Done) and m.request_id == "new" for m in w._out):
+        w.engine.step()
+    assert w.now - start == pytest.approx(predicted, rel=1e-9, abs=1e-9)
+
+
+def test_memoized_drains_give_the_same_scores():
+    """The policy memoizes the drain ahead of a new request per view; the cached
+    prefix of the new prompt is not part of it, so two prompts share one drain."""
+    base = WorkerView("gpu", 2551.0, tuple(GPU.decode_tok_s()), 4,
+                      active=(Load(0, 50), Load(30, 80)), queued=(Load(200, 40),) * 3)  # fmt: skip
+    policy = FinishTime()
+    for cached in (0, 64, 512, 0):
+        view = WorkerView(**{**base.__dict__, "cached_tokens": cached})
+        req = RouteRequest(516, 128)
+        assert policy.choose(req, [view]).scores["gpu"] == predict_finish_s(req, view)
+
+
+def test_adding_to_a_busy_gpu_costs_its_real_batch_step():
+    """A GPU at batch 8 (its cap) makes a new request wait for a slot; a ninth row is
+    not priced at the batch-8 rate as if it came for free."""
+    busy = WorkerView("gpu", 2551.0, tuple(GPU.decode_tok_s()), 8, active=(Load(0, 100),) * 8)
+    idle = WorkerView("gpu", 2551.0, tuple(GPU.decode_tok_s()), 8)
+    req = RouteRequest(16, 100)
+    wait_for_slot = 100 * GPU.step_s(8)
+    alone = 16 / 2551.0 + 99 * GPU.step_s(1)  # its prefill step, then 99 decodes alone
+    assert predict_finish_s(req, idle) == pytest.approx(16 / 2551.0 + 99 * GPU.step_s(1))
+    assert predict_finish_s(req, busy) == pytest.approx(wait_for_slot + alone)
+
+
+def test_finish_time_is_a_named_policy_that_prefers_the_earlier_finish():
+    assert parse_policy("finish_time").name == "finish_time"
+    cpu = WorkerView("cpu", 73.0, (45.0, 58.0), 2, cached_tokens=512)
+    gpu = WorkerView("gpu", 2551.0, (293.0, 533.0), 2, cached_tokens=512,
+                     active=(Load(0, 120), Load(0, 120)), queued=(Load(4, 128),) * 12)  # fmt: skip
+    req = RouteRequest(516, 128)
+    assert FinishTime().choose(req, [cpu, gpu]).worker_id == "cpu"
+    assert (
+        FinishTime().choose(req, [cpu, WorkerView("gpu", 2551.0, (293.0, 533.0), 2)]).worker_id
+        == "gpu"
+    )

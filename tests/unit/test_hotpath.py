@@ -1,0 +1,121 @@
+"""The router's hot path: token deltas coalesced per drain, the tokenizer spec sent
+once, and cached views equal to views built from scratch.
+
+Routers run in-process on inproc:// sockets, pumped by hand (tests.helpers.Harness).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tandem.broker.ledger import PromptBlocks
+from tandem.common import protocol as p
+from tandem.common.transport import DealerSocket
+from tests.helpers import Harness
+from tests.unit.test_decision_replay import PREFIXES, Session
+
+RATES = (100.0, [50.0, 80.0])
+
+
+@pytest.fixture
+def h(tmp_path: Path) -> Iterator[Harness]:
+    harness = Harness(tmp_path)
+    yield harness
+    harness.close()
+
+
+def _client_msgs(h: Harness) -> list[p.Message]:
+    out = []
+    while h.client.poll(100):
+        msg = h.client.recv()
+        assert not isinstance(msg, p.ProtocolError)
+        out.append(msg)
+    return out
+
+
+# ------------------------------------------------------------ token frames
+def test_deltas_waiting_together_reach_the_client_as_one_frame_before_done(h: Harness) -> None:
+    h.add_worker("a", RATES)
+    h.submit("r1", list(range(1, 40)))
+    h.submit("r2", list(range(2, 40)))
+    wid1, wid2 = h.assigned("a").request_id, h.assigned("a").request_id
+    sock = h.workers["a"]
+    for i in range(3):  # queued before the router drains: one drain sees all of them
+        sock.send(p.TokenDelta(wid1, [10 + i], f"<{i}>"))
+        sock.send(p.TokenDelta(wid2, [20 + i], f"[{i}]"))
+    sock.send(p.Done(wid1, p.FinishReason.LENGTH, {"output_tokens": 3}))
+    h.pump()
+    msgs = _client_msgs(h)
+    kinds = [(type(m).__name__, m.request_id) for m in msgs]
+    assert kinds == [("TokenDelta", "r1"), ("Done", "r1"), ("TokenDelta", "r2")]
+    assert (msgs[0].token_ids, msgs[0].text) == ([10, 11, 12], "<0><1><2>")
+    assert (msgs[2].token_ids, msgs[2].text) == ([20, 21, 22], "[0][1][2]")
+
+
+def test_a_lone_delta_is_relayed_in_the_same_drain(h: Harness) -> None:
+    h.add_worker("a", RATES)
+    h.submit("r1", list(range(1, 40)))
+    wid = h.assigned("a").request_id
+    for i in range(3):  # one at a time: each drain relays what it read, nothing waits
+        h.workers["a"].send(p.TokenDelta(wid, [i], str(i)))
+        h.router._drain(h.router.worker_sock, h.router.on_worker)
+        (msg,) = _client_msgs(h)
+        assert isinstance(msg, p.TokenDelta) and msg.token_ids == [i]
+
+
+# ------------------------------------------------------------ tokenizer once
+def _ready(h: Harness, wid: str, with_spec: bool, spec_hash: str | None = None) -> p.Ready:
+    named = p.tokenizer_hash(h.spec) if spec_hash is None else spec_hash
+    spec = h.spec if with_spec else {}
+    return p.Ready(wid, "sim", "sim", "m.gguf", 4, 8192, 16, 100.0, [50.0], 0.5, spec,
+                   tokenizer_hash=named)  # fmt: skip
+
+
+def _register(h: Harness, ready: p.Ready) -> p.Message:
+    sock = DealerSocket(h.router.worker_sock.address, identity=ready.worker_id.encode())
+    h.workers[ready.worker_id] = sock
+    sock.send(ready)
+    h.pump()
+    return h.recv(sock)
+
+
+def test_spec_travels_only_when_the_router_lacks_it(h: Harness) -> None:
+    asked = _register(h, _ready(h, "a", with_spec=False))
+    assert isinstance(asked, p.Reregister) and asked.tokenizer
+    h.workers["a"].send(_ready(h, "a", with_spec=True))
+    h.pump()
+    assert isinstance(h.recv(h.workers["a"]), p.Welcome)
+    assert isinstance(_register(h, _ready(h, "b", with_spec=False)), p.Welcome)
+    assert h.router.tokenizer is not None
+    assert all(w.info.tokenizer == {} for w in h.router.workers.values())  # none kept per worker
+
+
+def test_a_spec_that_does_not_match_its_hash_is_refused(h: Harness) -> None:
+    reply = _register(h, _ready(h, "a", with_spec=True, spec_hash="0" * 32))
+    assert isinstance(reply, p.Error) and "tokenizer_hash" in reply.message
+    assert not h.router.workers
+
+
+# ------------------------------------------------------------ cached views
+def test_cached_views_equal_views_built_from_scratch(tmp_path: Path) -> None:
+    h = Harness(tmp_path, calibrate=False, decode_estimate="ratio")
+    try:
+        s = Session(h, random.Random(5))
+        s.start()
+        rng = random.Random(6)
+        for _ in range(120):
+            s.step()
+            tokens = rng.choice(PREFIXES)[: rng.randrange(20, 160)] + [1, 2, 3]
+            blocks = PromptBlocks(tokens)
+            for w in h.router.workers.values():
+                fresh = h.router.calibration.adjust(w.view(tokens))
+                cached = h.router.views.view(w, blocks)
+                assert cached == fresh
+                assert cached.backlog == dataclasses.replace(fresh).backlog
+    finally:
+        h.close()

@@ -1,0 +1,45 @@
+"""The robustness suite, CI-sized: the default policy against wrong, noisy and stale prices.
+
+The full suite (8 cases) runs with ``tandem sim robustness``; its numbers are in
+docs/results/twin/. Here one 16-burst (GPU max active 8) holds the bar of issue
+13 for the default policy: within 5 % of its correctly priced makespan and never
+more than 2 % worse than least_loaded, except where noted.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.broker.policies import DEFAULT_POLICY
+from tandem.twin.robustness import LIMIT_VS_CORRECT, LIMIT_VS_LEAST_LOADED, run_suite
+
+# GPU batch scaling understated 2x: live pricing corrects a worker's rates only at
+# batch sizes it has run, and a 16-burst at GPU max active 8 priced this way keeps
+# the GPU below the batches it underprices, so finish_time sends the CPU too much:
+# +17.6 % vs correct prices here (phase_cost +4.2 %), still 9 % ahead of
+# least_loaded. Known and documented (docs/ROUTING.md), not yet fixed. (Before
+# live pricing, heartbeats a period late were the known miss; they now hold.)
+KNOWN_MISSES = {"gpu scaling /2"}
+
+
+def encode(text: str) -> list[int]:
+    return [1000 + ord(c) % 500 for c in text]
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return run_suite(encode, [DEFAULT_POLICY], small=True)
+
+
+def test_the_default_is_never_worse_than_least_loaded(rows):
+    mine = [r for r in rows if r["policy"] == DEFAULT_POLICY]
+    assert len(mine) == 8
+    assert all(r["vs_least_loaded"] <= LIMIT_VS_LEAST_LOADED for r in mine), mine
+
+
+def test_the_default_stays_near_its_correctly_priced_result(rows):
+    mine = [r for r in rows if r["policy"] == DEFAULT_POLICY]
+    held = {r["scenario"] for r in mine if r["vs_correct"] <= LIMIT_VS_CORRECT}
+    assert held | KNOWN_MISSES >= {r["scenario"] for r in mine}
+    outlier = next(r for r in mine if r["scenario"].startswith("outlier"))
+    assert outlier["vs_correct"] <= LIMIT_VS_CORRECT  # the 11 tok/s profile entry is harmless

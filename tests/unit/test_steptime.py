@@ -1,0 +1,199 @@
+"""Step-time statistics, their wire form, and the monotone fit of decode rates."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tandem.common.ratefit import fit_decode_rates, suspicious_points
+from tandem.common.steptime import MAX_POINTS, WINDOW, StepModel, StepStats
+
+H200_OUTLIER = [180, 11, 332, 560, 632, 748, 656, 698, 653, 571, 622, 793, 502, 606, 481, 529]
+
+
+# ------------------------------------------------------------ the fit
+def test_the_h200_outlier_profile_is_repaired_not_dragged_down() -> None:
+    fit = fit_decode_rates(H200_OUTLIER)
+    assert fit.dropped == (2,)
+    assert fit.rates[0] == 180 and 180 < fit.rates[1] < 332  # between its neighbours
+    assert fit.rates[2:4] == (332, 560)
+    # The noisy plateau from batch 5 on is pooled into one level, never a dip.
+    assert len(set(fit.rates[4:])) == 1 and 600 < fit.rates[4] < 640
+    assert list(fit.rates) == sorted(fit.rates)
+
+
+def test_weights_decide_which_side_of_a_violation_wins() -> None:
+    assert fit_decode_rates([200, 150], [100, 1]).rates == pytest.approx((199.505, 199.505), 1e-3)
+    assert fit_decode_rates([200, 150], [1, 100]).rates == pytest.approx((150.495, 150.495), 1e-3)
+
+
+def test_fit_rejects_nonsense() -> None:
+    for bad in ([], [1.0, 0.0], [math.nan], [-3.0]):
+        with pytest.raises(ValueError):
+            fit_decode_rates(bad)
+    with pytest.raises(ValueError):
+        fit_decode_rates([1.0, 2.0], [1.0])
+
+
+def plausible_rates(min_size: int = 1) -> st.SearchStrategy[list[float]]:
+    """Aggregate rates a device can have: never lower with more rows, and never
+    more than b'/b times higher from b to b' rows (a step never gets shorter)."""
+
+    def build(first: float, shares: list[float]) -> list[float]:
+        out = [first]
+        for b, u in enumerate(shares, 1):
+            out.append(out[-1] * (1 + u / b))  # at most (b + 1) / b
+        return out
+
+    shares = st.lists(st.floats(0.0, 1.0), min_size=max(0, min_size - 1), max_size=23)
+    return st.builds(build, st.floats(1.0, 1e4), shares)
+
+
+@given(st.lists(st.floats(1e-3, 1e6), min_size=1, max_size=40),
+       st.lists(st.floats(0.1, 1e4), min_size=40, max_size=40))  # fmt: skip
+def test_fit_is_monotone_positive_and_within_the_input_range(rates, weights) -> None:
+    fit = fit_decode_rates(rates, weights[: len(rates)])
+    assert len(fit.rates) == len(rates)
+    assert all(b >= a * (1 - 1e-12) for a, b in zip(fit.rates, fit.rates[1:], strict=False))
+    assert min(rates) * (1 - 1e-9) <= min(fit.rates) and max(fit.rates) <= max(rates) * (1 + 1e-9)
+    assert len(fit.dropped) <= max(1, len(rates) // 4) if len(rates) >= 3 else not fit.dropped
+
+
+@given(plausible_rates())
+def test_a_plausible_monotone_table_is_left_alone(rates) -> None:
+    fit = fit_decode_rates(rates)
+    assert fit.rates == pytest.approx(tuple(rates)) and fit.dropped == () and fit.pooled == ()
+
+
+@given(plausible_rates(min_size=3), st.data(), st.floats(-7, 7))
+def test_one_outlier_moves_no_other_point_more_than_3x(rates, data, log10_factor) -> None:
+    """Whatever one point says (1e-7x to 1e7x its true value), every other batch size
+    stays within 3x of the truth and the result stays monotone."""
+    j = data.draw(st.integers(0, len(rates) - 1))
+    noisy = list(rates)
+    noisy[j] = rates[j] * 10**log10_factor
+    fit = fit_decode_rates(noisy)
+    for i, (got, true) in enumerate(zip(fit.rates, rates, strict=True)):
+        if i != j:
+            assert true / 3 <= got <= true * 3, (i, noisy, fit)
+    # The outlier's own batch size: kept only while within 3x of what its neighbours
+    # allow (an interval up to 3x wide), else replaced from them.
+    assert rates[j] / 9 <= fit.rates[j] <= rates[j] * 9
+
+
+def test_suspicious_points_name_stalls_and_spikes() -> None:
+    assert suspicious_points(H200_OUTLIER) == (2,)
+    assert suspicious_points([100, 190, 2000, 300, 320]) == (3,)
+    assert suspicious_points([100, 190, 260, 300, 320]) == ()
+    assert suspicious_points([50, 60]) == ()  # two points: no way to tell which is off
+
+
+# ------------------------------------------------------------ worker-side statistics
+def test_decode_steps_give_median_step_seconds_by_batch_size() -> None:
+    s = StepStats()
+    for _ in range(10):
+        s.record(batch=1, context_tokens=100, prefill_tokens=0, seconds=0.010)
+        s.record(batch=4, context_tokens=400, prefill_tokens=0, seconds=0.016)
+    s.record(batch=1, context_tokens=100, prefill_tokens=0, seconds=0.5)  # a JIT stall
+    m = s.model()
+    assert m.decode_batch == (1, 4) and m.decode_samples == (11, 10)
+    assert m.decode_step_s == pytest.approx((0.010, 0.016))
+    assert m.context == 100 and m.context_s == 0.0
+    assert m.decode_tok_s()[4] == (pytest.approx(250.0), 10)
+
+
+@given(st.lists(st.floats(0.005, 0.006), min_size=3, max_size=WINDOW - 1),
+       st.floats(1e-6, 100.0))  # fmt: skip
+def test_one_stalled_step_cannot_move_the_median_outside_the_clean_samples(clean, stall) -> None:
+    s = StepStats()
+    for x in clean:
+        s.record(2, 200, 0, x)
+    s.record(2, 200, 0, stall)
+    (step,) = s.model().decode_step_s
+    assert min(clean) <= step <= max(clean)
+
+
+def test_context_slope_separates_batch_cost_from_context_cost() -> None:
+    s = StepStats()
+    for i in range(40):
+        x = 100 + 25 * i  # tokens of context per row
+        for b in (1, 2):
+            s.record(b, b * x, 0, 0.004 + 0.001 * b + 2e-6 * b * x)
+    m = s.model()
+    assert m.context_s == pytest.approx(2e-6)
+    at = m.context  # step seconds are quoted at the median context
+    assert m.decode_step_s == pytest.approx((0.005 + 2e-6 * at, 0.006 + 4e-6 * at))
+
+
+def test_prefill_rates_by_chunk_and_mixed_steps_split_by_the_decode_median() -> None:
+    s = StepStats()
+    s.record(0, 0, 256, 0.010)  # pure prefill: 25,600 tok/s in the 256 bucket
+    s.record(3, 300, 100, 0.020)  # mixed, but batch 3 has no decode estimate yet: skipped
+    for _ in range(3):
+        s.record(3, 300, 0, 0.006)
+    s.record(3, 300, 100, 0.011)  # 0.005 s of prefill for 100 tokens -> bucket 128
+    s.record(3, 300, 4, 0.0061)  # prefill share too small to say anything
+    m = s.model()
+    assert m.prefill_chunk == (128, 256) and m.prefill_samples == (1, 1)
+    assert m.prefill_tok_s == pytest.approx((20_000.0, 25_600.0))
+
+
+def test_nonsense_samples_are_ignored() -> None:
+    s = StepStats()
+    for args in [(1, 0, 0, 0.0), (1, 0, 0, -1.0), (1, 0, 0, math.inf), (0, 0, 0, 0.1),
+                 (-1, 0, 0, 0.1), (1, 0, -5, 0.1)]:  # fmt: skip
+        s.record(*args)
+    assert s.version == 0 and s.model().empty
+
+
+def test_tables_stay_bounded() -> None:
+    s = StepStats()
+    for b in range(1, 3 * MAX_POINTS):
+        s.record(b, b, 0, 0.01)
+    assert len(s.decode) <= MAX_POINTS and len(s.model().decode_batch) <= MAX_POINTS
+    assert all(len(w.samples) <= WINDOW for w in s.decode.values())
+
+
+# ------------------------------------------------------------ wire form
+@given(st.lists(st.tuples(st.integers(0, 64), st.integers(0, 5000), st.integers(0, 600),
+                          st.floats(1e-5, 10.0)), max_size=200))  # fmt: skip
+def test_any_recorded_model_round_trips_through_the_wire(samples) -> None:
+    s = StepStats()
+    for b, ctx, prefill, secs in samples:
+        s.record(b, ctx * b, prefill, secs)
+    m = s.model()
+    assert StepModel.from_wire(m.to_wire()) == m
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        [],
+        {"b": [1], "s": [0.1]},  # lengths differ
+        {"b": [2, 1], "s": [0.1, 0.1], "n": [1, 1]},  # not increasing
+        {"b": [0], "s": [0.1], "n": [1]},
+        {"b": [1], "s": [math.nan], "n": [1]},
+        {"b": [1], "s": [math.inf], "n": [1]},
+        {"b": [1], "s": [0.0], "n": [1]},
+        {"b": [1], "s": [0.1], "n": [0]},
+        {"b": [True], "s": [0.1], "n": [1]},
+        {"b": [1.0], "s": [0.1], "n": [1]},
+        {"b": [1], "s": ["x"], "n": [1]},
+        {
+            "b": list(range(1, MAX_POINTS + 2)),
+            "s": [0.1] * (MAX_POINTS + 1),
+            "n": [1] * (MAX_POINTS + 1),
+        },  # fmt: skip
+        {"ctx": -1.0},
+        {"k": math.nan},
+        {"k": 2.0},
+        {"pr": [1e12], "p": [1], "pn": [1]},
+        {"zzz": 1},
+    ],
+)
+def test_malformed_wire_models_are_refused(wire) -> None:
+    with pytest.raises(ValueError):
+        StepModel.from_wire(wire)

@@ -1,0 +1,80 @@
+"""A simulated device on a virtual clock: the sim backend's timings, with no sleep.
+
+``TwinDevice`` speaks the engine's Backend interface (workers/engine.py) like
+workers/backends/sim.py does and plays back the same ``SimProfile`` step costs,
+but instead of sleeping it moves its owner's virtual clock forward by the cost
+of each step. The engine around it is the real one, so queueing, admission,
+chunked prefill, batching and the prefix cache behave as in a worker process.
+
+It carries no tokenizer (the twin never detokenizes for a person): every token
+is one placeholder byte, and no id is an end-of-generation id, so requests run
+to ``max_tokens`` as with ``ignore_eos``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from typing import Protocol
+
+from tandem.workers.backends.sim import SimProfile, sampled
+from tandem.workers.prefix_cache import Match
+from tandem.workers.request import Request
+
+VOCAB_SIZE = 49152  # the embedded model's vocabulary: prompts cut from its tokenizer fit
+_FIRST_OUTPUT_ID = 256
+
+
+class Clocked(Protocol):
+    """Whoever owns the virtual clock the device advances."""
+
+    now: float
+
+
+class TwinDevice:
+    """Backend over a SimProfile whose steps advance ``owner.now`` instead of sleeping."""
+
+    name = "sim"
+    model_name = "twin"
+    vocab_size = VOCAB_SIZE
+    tokenizer_spec = None
+
+    def __init__(self, profile: SimProfile, owner: Clocked, n_ctx: int = 1 << 30) -> None:
+        self.profile = profile
+        self.device = f"sim-{profile.name}"
+        self.owner = owner
+        self.n_ctx = n_ctx
+        self.busy_s = 0.0  # device seconds spent, for checks
+        self._handles: set[int] = set()
+        self._next_handle = 0
+
+    def begin(self, req: Request, match: Match) -> None:
+        digest = hashlib.blake2b(array("q", req.prompt).tobytes(), digest_size=8).digest()
+        req.slot = int.from_bytes(digest, "little")
+
+    def run(self, decode: list[Request], prefill: list[tuple[Request, int]]) -> dict[str, int]:
+        cost_s = self.profile.cost_s(sum(n for _, n in prefill), len(decode))
+        self.owner.now += cost_s
+        self.busy_s += cost_s
+        return sampled(decode, prefill, self._token)
+
+    def end(self, req: Request) -> int:
+        req.slot = None
+        self._next_handle += 1
+        self._handles.add(self._next_handle)
+        return self._next_handle
+
+    def free(self, handle: int) -> None:
+        if handle not in self._handles:  # an engine double-free, as the sim would catch
+            raise RuntimeError(f"twin: freeing unknown cache handle {handle}")
+        self._handles.remove(handle)
+
+    def piece(self, token: int) -> bytes:
+        return b"."
+
+    def is_eog(self, token: int) -> bool:
+        return False
+
+    @staticmethod
+    def _token(seed: int, position: int) -> int:
+        return _FIRST_OUTPUT_ID + (seed + position * 7919) % (VOCAB_SIZE - _FIRST_OUTPUT_ID)

@@ -1,0 +1,123 @@
+"""Replay one workload through the twin: workers join, the prefix is seeded, requests arrive.
+
+The same protocol as one bench run (bench/experiment.py ``run_once``): every
+worker starts, the workload's prefix is prefilled into each worker's cache
+(pinned, prefill-only), then the arrivals come ``LEAD_S`` later at their
+offsets, and the client records what it sees. Only here the clock is virtual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tandem.bench.driver import LEAD_S, RequestRecord
+from tandem.bench.workload import Arrival, PromptBook
+from tandem.common import protocol as p
+from tandem.twin.router import TwinRouter
+from tandem.twin.world import NO_DELAY, Links, TwinWorker, World
+from tandem.workers.backends.sim import SimProfile
+from tandem.workers.engine import EngineConfig
+
+
+@dataclass(frozen=True)
+class TwinWorkerSpec:
+    """One simulated worker of the twin."""
+
+    worker_id: str
+    profile: SimProfile  # what its device really does
+    max_active: int = 4
+    # What it advertises in Ready (prefill tok/s, decode tok/s by batch); None: the
+    # profile's own rates. A wrong price is how the robustness suite fools a policy.
+    advertised: tuple[float, tuple[float, ...]] | None = None
+    join_s: float | None = None  # joins this long after the first arrival (None: at start)
+    step_tokens: int = 256
+    heartbeat_s: float = 0.5
+    n_ctx: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if not self.worker_id or self.max_active < 1 or self.heartbeat_s <= 0:
+            raise ValueError("need a worker id, max_active >= 1 and heartbeat_s > 0")
+        if self.join_s is not None and self.join_s < 0:
+            raise ValueError("join_s must be >= 0")
+
+    def engine(self) -> EngineConfig:
+        return EngineConfig(
+            max_active=self.max_active,
+            step_tokens=self.step_tokens,
+            heartbeat_s=self.heartbeat_s,
+        )
+
+
+@dataclass
+class Replay:
+    """What one replay produced: client records, routing decisions, seed stats."""
+
+    records: list[RequestRecord]
+    decisions: list[dict[str, Any]]
+    seeds: dict[str, dict[str, Any]] = field(default_factory=dict)
+    events: int = 0
+    virtual_s: float = 0.0
+
+
+def replay(
+    specs: Sequence[TwinWorkerSpec],
+    policy: str,
+    arrivals: Sequence[Arrival],
+    book: PromptBook,
+    *,
+    seed_prefix: bool = True,
+    calibrate: bool = True,
+    decode_estimate: str = "budget",
+    links: Links = NO_DELAY,
+) -> Replay:
+    """Run ``arrivals`` under ``policy`` on ``specs``; returns when every request ended."""
+    world = World()
+    workers: dict[str, TwinWorker] = {}
+
+    def to_worker(wid: str, msg: p.Message, now: float) -> None:
+        world.at(now + links.latency_s, workers[wid].receive, msg)
+
+    router = TwinRouter(policy, to_worker, calibrate, decode_estimate)
+
+    def to_router(wid: str, msgs: list[p.Message]) -> None:
+        for msg in msgs:
+            router.on_worker(wid, msg, world.now)
+
+    def join(spec: TwinWorkerSpec) -> None:
+        w = workers[spec.worker_id] = TwinWorker(
+            world, spec.worker_id, spec.profile, spec.engine(), to_router, links
+        )
+        w.now = world.now
+        rates = (spec.advertised[0], list(spec.advertised[1])) if spec.advertised else None
+        router.register(w.ready(rates))
+
+    start = [s for s in specs if s.join_s is None]
+    for spec in start:
+        join(spec)
+    seeds: dict[str, RequestRecord] = {}
+    if seed_prefix and start:
+        for spec in start:
+            rec = seeds[spec.worker_id] = RequestRecord(-1, f"seed-{spec.worker_id}", True, 0.0)
+            router.submit(rec, book.prefix, 1, 0.0, worker=spec.worker_id, prefill_only=True)
+        world.run(until=lambda: router.ended >= len(seeds))
+    t0 = world.now + LEAD_S
+    for spec in specs:
+        if spec.join_s is not None:
+            world.at(t0 + spec.join_s, join, spec)
+    recs = [RequestRecord(a.index, f"bench-{a.index}", a.hit, t0 + a.offset_s) for a in arrivals]
+    for rec, a in zip(recs, arrivals, strict=True):
+        world.at(rec.scheduled_s, _arrive, router, rec, book, a)
+    world.run(until=lambda: router.ended >= len(seeds) + len(recs))
+    return Replay(
+        recs,
+        router.decisions,
+        {w: r.stats for w, r in seeds.items()},
+        world.events,
+        world.now,
+    )
+
+
+def _arrive(router: TwinRouter, rec: RequestRecord, book: PromptBook, a: Arrival) -> None:
+    router.submit(rec, book.prompt(a), a.output_tokens, rec.scheduled_s)

@@ -1,0 +1,70 @@
+"""Times the engine's steps and decides when the step-time model rides a heartbeat.
+
+A step's time is its *period*: from its start to the next step's start while the
+engine stays busy, so the host work between steps (emitting tokens, building
+heartbeats) is priced as serving pays it; the last step before the engine idles
+ends when its own work ends. Samples go to ``common.steptime.StepStats``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tandem.common.steptime import StepStats
+
+
+class StepTimer:
+    """Step periods in, step-time model reports out (see the module docstring)."""
+
+    def __init__(self, every_s: float, resend_s: float) -> None:
+        self.stats = StepStats()
+        self.every_s = every_s  # a changed model goes out at most this often
+        self.resend_s = resend_s  # an unchanged one anyway this often
+        self.clock: Callable[[], float] = time.perf_counter  # a virtual clock may replace it
+        self._open: tuple[float, tuple[int, int, int]] | None = None
+        self._sent: tuple[int, int, float] | None = None  # (version, sizes, monotonic time)
+
+    # ------------------------------------------------------------ timing
+    def start(self, batch: int, context_tokens: int, prefill_tokens: int) -> None:
+        """A step begins: the previous one (if still open) ends here."""
+        now = self.clock()
+        self.stop(now)
+        self._open = (now, (batch, context_tokens, prefill_tokens))
+
+    def stop(self, t_end: float | None = None) -> None:
+        """The open step ends (at ``t_end``, default now): record it."""
+        if self._open is not None:
+            t0, (batch, context, prefill) = self._open
+            end = self.clock() if t_end is None else t_end
+            self.stats.record(batch, context, prefill, end - t0)
+            self._open = None
+
+    def discard(self) -> None:
+        """The open step failed: it measures nothing."""
+        self._open = None
+
+    # ------------------------------------------------------------ reporting
+    def forget_sent(self) -> None:
+        """The router may know nothing (a resync): the next report is due at once."""
+        self._sent = None
+
+    def has_news(self) -> bool:
+        """A batch size (or chunk bucket) the router has not seen yet."""
+        sent = self._sent[1] if self._sent is not None else 0
+        return self.stats.sizes != sent
+
+    def report(self) -> dict[str, Any] | None:
+        """The model's wire form when due: at once with a new batch size, else when
+        it changed (at most every ``every_s``), and every ``resend_s`` anyway."""
+        now, version = time.monotonic(), self.stats.version
+        if version == 0:
+            return None
+        if self._sent is not None and not self.has_news():
+            sent_version, _, sent_at = self._sent
+            changed = version != sent_version and now - sent_at >= self.every_s
+            if not changed and now - sent_at < self.resend_s:
+                return None
+        self._sent = (version, self.stats.sizes, now)
+        return self.stats.model().to_wire()
