@@ -32,6 +32,7 @@ from tandem.common.transport import RouterSocket
 log = logging.getLogger(__name__)
 
 EXPIRE_EVERY_S = 0.1  # liveness is checked at most this often (it walks every worker)
+SPEC_ASK_EVERY_S = 1.0  # a fresh router asks one worker per second for the tokenizer spec
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class Router:
         self.views = ViewCache(self.calibration)
         self.outbox = TokenOutbox()
         self.tokenizer_hash = ""
+        self._spec_asked_at = -SPEC_ASK_EVERY_S
         self._by_client: dict[tuple[bytes, str], str] = {}
         self._by_identity: dict[bytes, str] = {}  # worker socket identity -> worker id
         self._next_id = 0
@@ -273,7 +275,12 @@ class Router:
 
     def register(self, identity: bytes, ready: p.Ready) -> None:
         if self.tokenizer is None and not ready.tokenizer and ready.tokenizer_hash:
-            self.worker_sock.send(identity, p.Reregister(tokenizer=True))  # send us the spec
+            # Ask one worker at a time for the spec; the others' Readies go unanswered
+            # and come back (workers retry until welcomed), by then hash-only suffices.
+            now = time.monotonic()
+            if now - self._spec_asked_at >= SPEC_ASK_EVERY_S:
+                self._spec_asked_at = now
+                self.worker_sock.send(identity, p.Reregister(tokenizer=True))
             return
         problem = ready_problem(ready, self.model, have_tokenizer=self.tokenizer is not None)
         if problem:
