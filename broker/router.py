@@ -8,6 +8,7 @@ line) and never reaches the state below.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import threading
 import time
@@ -87,9 +88,15 @@ class Router:
             self.worker_sock.address,
             self.policy.name,
         )
-        next_expiry = 0.0
+        next_expiry, frozen_at = 0.0, -1
         try:
             while not stop.is_set():
+                if len(self.workers) != frozen_at:
+                    # Long-lived state (workers, their cached views) leaves the cyclic
+                    # collector's reach: full collections over it, triggered by the
+                    # short-lived objects of each request, cost more than a decision.
+                    gc.freeze()
+                    frozen_at = len(self.workers)
                 events = dict(poller.poll(timeout=100))
                 # Workers first: finishing requests frees capacity for new ones.
                 if self.worker_sock.sock in events:

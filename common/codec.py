@@ -140,8 +140,16 @@ def _checker(hint: Any, where: str) -> Check | None:
         return enum
     if hint is Any:
         return None
-    conforms = _predicate(hint)
     expected = f"{where}: expected {_type_name(hint)}"
+    if hint in _EXACT and hint is not float:  # the most common fields: one type test
+
+        def scalar(value: Any, allowed: frozenset[type] = _EXACT[hint]) -> Any:
+            if type(value) not in allowed:
+                raise FieldError(f"{expected}, got {type(value).__name__}")
+            return value
+
+        return scalar
+    conforms = _predicate(hint)
     to_float = hint is float
 
     def plain(value: Any) -> Any:
@@ -175,7 +183,11 @@ def _predicate(hint: Any) -> Callable[[Any], bool]:
     if hint is Any:
         return lambda v: True
     if origin in (Union, types.UnionType):
-        options = [_predicate(a) for a in typing.get_args(hint)]
+        args = typing.get_args(hint)
+        if len(args) == 2 and type(None) in args:  # X | None, the usual union
+            ok = _predicate(args[0] if args[1] is type(None) else args[1])
+            return lambda v: v is None or ok(v)
+        options = [_predicate(a) for a in args]
         return lambda v: any(ok(v) for ok in options)
     if hint is type(None):
         return lambda v: v is None
