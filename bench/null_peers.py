@@ -144,7 +144,9 @@ def heartbeat_swarm(address: str, n_workers: int, spec: dict[str, Any], stop: An
         socks.append(s)
     seq = [0] * n_workers
     welcomed = [False] * n_workers
-    retry_at = [time.monotonic() + 1.0] * n_workers  # Ready again while not welcomed
+    # Ready again while not welcomed, backing off as workers/io.py does (0.25 s doubling to 5 s)
+    backoff_s = [0.25] * n_workers
+    retry_at = [time.monotonic() + 0.25] * n_workers
     due = [time.monotonic() + HEARTBEAT_S * i / n_workers for i in range(n_workers)]
     while not stop.is_set():
         now = time.monotonic()
@@ -160,7 +162,8 @@ def heartbeat_swarm(address: str, n_workers: int, spec: dict[str, Any], stop: An
                     welcomed[i] = False
                     s.send(p.encode(ready(f"swarm-{i}", spec, with_spec=with_spec)))
             if not welcomed[i] and now >= retry_at[i]:
-                retry_at[i] = now + 1.0
+                backoff_s[i] = min(5.0, backoff_s[i] * 2)
+                retry_at[i] = now + backoff_s[i]
                 s.send(p.encode(ready(f"swarm-{i}", spec, with_spec=False)))
             if welcomed[i] and now >= due[i]:
                 due[i] = max(due[i] + HEARTBEAT_S, now)
