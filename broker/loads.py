@@ -4,9 +4,12 @@ Building a worker's view used to walk its whole ledger (every in-flight request,
 against the last heartbeat's rows) once per decision: with 256 requests on one
 worker that was most of the router's time. ``Loads`` keeps each request's
 ``Load`` and the worker's running totals instead, and touches only what an event
-changes: one entry on assign, relayed tokens or finish; every entry on a
-heartbeat (which re-reports them all). The result equals a walk of the ledger
-(``WorkerState.view`` still does one; tests/unit/test_hotpath.py compares them).
+changes: one entry on assign or finish; every entry on a heartbeat (which
+re-reports them all). Relayed tokens only mark their entry stale (``touch``, a
+set insertion per token frame); stale entries are recomputed when a view is
+next built (``settle``), once however many frames arrived in between. The
+result equals a walk of the ledger (``WorkerState.view`` still does one;
+tests/unit/test_hotpath.py compares them).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class Loads:
         self.queued: dict[str, Load] = {}
         self.prefill_total = 0  # sum of prefill_remaining over both
         self.decode_total = 0  # sum of decode_remaining over both
+        self._stale: set[str] = set()  # entries whose request relayed tokens since
         self._reported: dict[str, p.RequestRow] = {}  # the last heartbeat's rows
         self._listed_active: frozenset[str] = frozenset()
 
@@ -49,8 +53,21 @@ class Loads:
         self.prefill_total += load.prefill_remaining
         self.decode_total += load.decode_remaining
 
+    def touch(self, wid: str) -> None:
+        """``wid`` relayed tokens: recompute it before the next view (``settle``)."""
+        self._stale.add(wid)
+
+    def settle(self, inflight: dict[str, Ledgered]) -> None:
+        """Recompute the entries touched since the last view."""
+        for wid in self._stale:
+            routed = inflight.get(wid)
+            if routed is not None:
+                self.set(wid, routed)
+        self._stale.clear()
+
     def drop(self, wid: str) -> None:
         """Forget one entry (finished, cancelled or lost)."""
+        self._stale.discard(wid)
         load = self.active.pop(wid, None) or self.queued.pop(wid, None)
         if load is not None:
             self.prefill_total -= load.prefill_remaining
@@ -62,5 +79,6 @@ class Loads:
         self._listed_active = frozenset(r.id for r in hb.active) if hb is not None else frozenset()
         self.active, self.queued = {}, {}
         self.prefill_total = self.decode_total = 0
+        self._stale.clear()
         for wid, routed in inflight.items():
             self.set(wid, routed)

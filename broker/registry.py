@@ -80,9 +80,14 @@ class WorkerState:
     # ------------------------------------------------------------ ledger events
     # Each keeps ``loads`` current and bumps ``version`` (cached views key on it).
     def track(self, routed: Routed) -> None:
-        """``routed`` was assigned here, or had tokens relayed."""
+        """``routed`` was assigned here."""
         self.inflight[routed.wid] = routed
         self.loads.set(routed.wid, routed)
+        self.version += 1
+
+    def progressed(self, wid: str) -> None:
+        """``wid`` had tokens relayed (its decode budget shrank)."""
+        self.loads.touch(wid)
         self.version += 1
 
     def untrack(self, wid: str) -> None:
@@ -123,6 +128,7 @@ class WorkerState:
     def base_view(self) -> WorkerView:
         """This worker's view before any prompt (``cached_tokens`` 0), from ``loads``:
         no walk of the ledger, totals included."""
+        self.loads.settle(self.inflight)
         view = self._view(tuple(self.loads.active.values()), tuple(self.loads.queued.values()), 0)
         view.__dict__["backlog"] = (self.loads.prefill_total, self.loads.decode_total)
         return view

@@ -335,7 +335,7 @@ class Router:
             routed = w.inflight.get(wid)
             if routed is not None:
                 sample = routed.relayed(len(msg.token_ids))
-                w.track(routed)  # its decode budget shrank
+                w.progressed(wid)
                 if sample:
                     self.calibration.on_progress(w.id, routed.tokens_seen, req.t_first)
             if sub.stream:  # sent at the end of this drain, with any others of this request
