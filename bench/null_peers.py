@@ -33,20 +33,29 @@ def tiny_spec() -> dict[str, Any]:
     return TokenizerSpec(tok.to_str(), None, (0,), None, False).to_wire()
 
 
+_HASHES: dict[int, str] = {}  # id(spec) -> its hash: hashing 1.5 MB is not free
+
+
 def ready(worker_id: str, spec: dict[str, Any], with_spec: bool = True) -> p.Ready:
     """A Ready for a null worker; ``with_spec`` False sends only the spec's hash
     (when this protocol version has one) and waits to be asked for the spec."""
     fields = {f.name for f in dataclasses.fields(p.Ready)}
     extra: dict[str, Any] = {}
     if "tokenizer_hash" in fields:
-        extra["tokenizer_hash"] = p.tokenizer_hash(spec)
+        if id(spec) not in _HASHES:
+            _HASHES[id(spec)] = p.tokenizer_hash(spec)
+        extra["tokenizer_hash"] = _HASHES[id(spec)]
     body = spec if with_spec or not extra else {}
     return p.Ready(worker_id, "null", "null", "null.gguf", 256, 1 << 20, 16, 1e6,
                    [1e4] * 8, HEARTBEAT_S, body, 1 << 20, **extra)  # fmt: skip
 
 
-def _wants_spec(msg: dict[str, Any]) -> bool:
-    return msg.get("type") == "reregister"
+def _resend(msg: dict[str, Any]) -> bool | None:
+    """For a Reregister: whether to send the spec (always, where the protocol has no
+    hash); None for anything else."""
+    if msg.get("type") != "reregister":
+        return None
+    return bool(msg.get("tokenizer", True))
 
 
 def null_worker(address: str, mode: str, stop: Any) -> None:
@@ -74,8 +83,8 @@ def null_worker(address: str, mode: str, stop: Any) -> None:
                 if msg.get("type") in ("assign", "submit"):
                     rid, n = msg["request_id"], max(1, msg["sampling"]["max_tokens"])
                     active[rid] = [n, p.encode(p.TokenDelta(rid, [7], "x"))]
-                elif _wants_spec(msg):
-                    sock.send(p.encode(ready("null", spec)))
+                elif _resend(msg) is not None:
+                    sock.send(p.encode(ready("null", spec, with_spec=bool(_resend(msg)))))
         for rid in list(active):  # one step: one token frame per active request
             state = active[rid]
             sock.send(state[1])
@@ -122,7 +131,8 @@ def plain_relay(front: str, back: str, stop: Any) -> None:
 
 def heartbeat_swarm(address: str, n_workers: int, spec: dict[str, Any], stop: Any) -> None:
     """``n_workers`` idle workers: Ready (the spec only when asked, where the
-    protocol allows), then an empty heartbeat every HEARTBEAT_S each."""
+    protocol allows), then, once welcomed, an empty heartbeat every HEARTBEAT_S
+    each (as a real worker: none before its Welcome)."""
     ctx = zmq.Context.instance()
     socks = []
     for i in range(n_workers):
@@ -133,15 +143,30 @@ def heartbeat_swarm(address: str, n_workers: int, spec: dict[str, Any], stop: An
         s.send(p.encode(ready(f"swarm-{i}", spec, with_spec=False)))
         socks.append(s)
     seq = [0] * n_workers
+    welcomed = [False] * n_workers
+    # Ready again while not welcomed, backing off as workers/io.py does (0.25 s doubling to 5 s)
+    backoff_s = [0.25] * n_workers
+    retry_at = [time.monotonic() + 0.25] * n_workers
     due = [time.monotonic() + HEARTBEAT_S * i / n_workers for i in range(n_workers)]
     while not stop.is_set():
         now = time.monotonic()
         for i, s in enumerate(socks):
-            while s.poll(0):
-                if _wants_spec(msgpack.unpackb(s.recv())):
-                    s.send(p.encode(ready(f"swarm-{i}", spec)))
-            if now >= due[i]:
-                due[i] += HEARTBEAT_S
+            while True:
+                try:
+                    msg = msgpack.unpackb(s.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                welcomed[i] = welcomed[i] or msg.get("type") == "welcome"
+                with_spec = _resend(msg)
+                if with_spec is not None:
+                    welcomed[i] = False
+                    s.send(p.encode(ready(f"swarm-{i}", spec, with_spec=with_spec)))
+            if not welcomed[i] and now >= retry_at[i]:
+                backoff_s[i] = min(5.0, backoff_s[i] * 2)
+                retry_at[i] = now + backoff_s[i]
+                s.send(p.encode(ready(f"swarm-{i}", spec, with_spec=False)))
+            if welcomed[i] and now >= due[i]:
+                due[i] = max(due[i] + HEARTBEAT_S, now)
                 if seq[i] == 0:  # the first report is a full (empty) listing, then no changes
                     seq[i], cache = 1, {"full": True, "seq": 1, "blocks": []}
                 else:

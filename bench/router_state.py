@@ -7,6 +7,7 @@ policy, Assign built) and nothing of the sockets.
 
 from __future__ import annotations
 
+import gc
 import logging
 import random
 import time
@@ -54,6 +55,7 @@ def loaded_router(n_workers: int, rng: random.Random, inflight_each: int = 2) ->
         hashes = block_hashes(PREFIXES[i % len(PREFIXES)][: BLOCK * 20], BLOCK)
         cache = {"full": True, "seq": 1, "blocks": hashes}
         router.on_worker(w.identity, p.Heartbeat(w.id, 1, rows, [], 0, 8192, cache))
+    gc.freeze()  # as Router.serve does once workers have registered
     return router
 
 

@@ -77,12 +77,17 @@ class WorkerState:
     # ------------------------------------------------------------ ledger events
     # Each keeps ``loads`` current and bumps ``version`` (cached views key on it).
     def track(self, routed: Routed) -> None:
-        """``routed`` was assigned here, or had tokens relayed."""
+        """``routed`` was assigned here."""
         self.inflight[routed.wid] = routed
         if self.loads.moves(routed.wid, routed):  # its first tokens: now active
             self.loads.rebuild(self.inflight, self.heartbeat)
         else:
             self.loads.set(routed.wid, routed)
+        self.version += 1
+
+    def progressed(self, wid: str) -> None:
+        """``wid`` had tokens relayed (its decode budget shrank)."""
+        self.loads.touch(wid)
         self.version += 1
 
     def untrack(self, wid: str) -> None:
@@ -155,6 +160,7 @@ class WorkerState:
     def base_view(self, live: bool = True) -> WorkerView:
         """This worker's view before any prompt (``cached_tokens`` 0), from ``loads``:
         no walk of the ledger, totals included."""
+        self.loads.settle(self.inflight)
         loads = self.loads
         view = self._view(tuple(loads.active.values()), tuple(loads.queued.values()), 0, live)
         view.__dict__["backlog"] = (loads.prefill_total, loads.decode_total)

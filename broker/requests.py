@@ -111,8 +111,9 @@ def prompt_tokens(sub: p.Submit, tokenizer: TextTokenizer | None) -> list[int]:
     if tokenizer is None:
         raise ValueError("the router has no tokenizer yet")
     if sub.tokens is not None:
-        bad = [t for t in sub.tokens if not 0 <= t < tokenizer.vocab_size]
-        if bad:
+        n_vocab = tokenizer.vocab_size
+        if sub.tokens and (min(sub.tokens) < 0 or max(sub.tokens) >= n_vocab):  # C loops
+            bad = [t for t in sub.tokens if not 0 <= t < n_vocab]
             raise ValueError(f"token ids outside the vocabulary: {bad[:5]}")
         return list(sub.tokens)
     text = sub.prompt if sub.messages is None else tokenizer.apply_chat_template(sub.messages)

@@ -8,6 +8,7 @@ line) and never reaches the state below.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import threading
 import time
@@ -37,6 +38,7 @@ from tandem.common.transport import RouterSocket
 log = logging.getLogger(__name__)
 
 EXPIRE_EVERY_S = 0.1  # liveness is checked at most this often (it walks every worker)
+SPEC_ASK_EVERY_S = 1.0  # a fresh router asks one worker per second for the tokenizer spec
 
 
 @dataclass
@@ -71,6 +73,7 @@ class Router:
         self.views = ViewCache(self.calibration)
         self.outbox = TokenOutbox()
         self.tokenizer_hash = ""
+        self._spec_asked_at = -SPEC_ASK_EVERY_S
         self._by_client: dict[tuple[bytes, str], str] = {}
         self._by_identity: dict[bytes, str] = {}  # worker socket identity -> worker id
         self._expiry_at = 0.0  # monotonic time of the next liveness walk
@@ -87,9 +90,15 @@ class Router:
             self.policy.name,
         )
         poller.register(self._monitor, zmq.POLLIN)
-        more = False
+        more, frozen_at = False, -1
         try:
             while not stop.is_set():
+                if len(self.workers) != frozen_at:
+                    # Long-lived state (workers, their cached views) leaves the cyclic
+                    # collector's reach: full collections over it, triggered by the
+                    # short-lived objects of each request, cost more than a decision.
+                    gc.freeze()
+                    frozen_at = len(self.workers)
                 poller.poll(timeout=0 if more else 100)
                 start = time.monotonic()
                 more = self.turn()
@@ -341,7 +350,12 @@ class Router:
 
     def register(self, identity: bytes, ready: p.Ready) -> None:
         if self.tokenizer is None and not ready.tokenizer and ready.tokenizer_hash:
-            self.worker_sock.send(identity, p.Reregister(tokenizer=True))  # send us the spec
+            # Ask one worker at a time for the spec; the others' Readies go unanswered
+            # and come back (workers retry until welcomed), by then hash-only suffices.
+            now = time.monotonic()
+            if now - self._spec_asked_at >= SPEC_ASK_EVERY_S:
+                self._spec_asked_at = now
+                self.worker_sock.send(identity, p.Reregister(tokenizer=True))
             return
         problem = ready_problem(ready, self.model, self.tokenizer is not None, self.weights)
         if problem:
@@ -402,7 +416,7 @@ class Router:
             routed = w.inflight.get(wid)
             if routed is not None:
                 routed.tokens_seen += len(msg.token_ids)
-                w.track(routed)  # its decode budget shrank
+                w.progressed(wid)  # its decode budget shrank: recomputed at the next view
             if sub.stream:  # sent at the end of this drain, with any others of this request
                 self.outbox.add(w, req, msg.token_ids, msg.text)
             return

@@ -344,6 +344,9 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
 _CODECS = {cls: codec_for(cls) for cls in MESSAGE_TYPES.values()}
 
 
+_STR_ONLY = frozenset({str})
+
+
 def encode(msg: Message) -> bytes:
     body = _CODECS[type(msg)].to_map(msg)  # nested dataclasses become maps, StrEnums stay str
     body["v"] = PROTOCOL_VERSION
@@ -359,7 +362,7 @@ def decode(frame: bytes) -> Message:
         raise ProtocolError(BAD_FRAME, f"frame is not valid msgpack: {exc}") from None
     if type(body) is not dict:
         raise ProtocolError(BAD_FRAME, "frame must be a msgpack map")
-    if not all(type(k) is str for k in body):
+    if not _STR_ONLY.issuperset(map(type, body)):  # msgpack may also give bytes keys
         raise ProtocolError(BAD_FRAME, "frame keys must be strings")
     rid = body.get("request_id")
     if type(rid) is not str:
