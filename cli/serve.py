@@ -46,7 +46,7 @@ R, E, W, A = RouterConfig, EngineConfig, WorkerConfig, AdmissionConfig
     "--calibrate/--no-calibrate",
     default=config_default(R, "calibrate"),
     show_default=True,
-    help="Let worker rates follow what requests take (off: price by advertised rates only).",
+    help="Price workers by their live step times (off: by their repaired profiles only).",
 )
 @click.option(
     "--decode-estimate",

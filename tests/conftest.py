@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tandem.launcher.cluster import Cluster, WorkerSpec
-from tests.helpers import LLAMA_ARGS
+from tests.helpers import LLAMA_ARGS, Harness
 
 
 @pytest.fixture(scope="module")
@@ -15,6 +15,14 @@ def cluster():
         workers=[WorkerSpec("cpu0", LLAMA_ARGS)], router_args=["--policy", "least_loaded"]
     ) as c:
         yield c
+
+
+@pytest.fixture
+def h(tmp_path):
+    """A Router in-process on inproc:// sockets, pumped by hand (tests.helpers.Harness)."""
+    harness = Harness(tmp_path)
+    yield harness
+    harness.close()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tandem.broker.ledger import PromptBlocks
 from tandem.common import protocol as p
@@ -20,13 +17,6 @@ from tests.helpers import Harness
 from tests.unit.test_decision_replay import PREFIXES, Session
 
 RATES = (100.0, [50.0, 80.0])
-
-
-@pytest.fixture
-def h(tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(tmp_path)
-    yield harness
-    harness.close()
 
 
 def _client_msgs(h: Harness) -> list[p.Message]:

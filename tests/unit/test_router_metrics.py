@@ -2,22 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
 from tandem.common import protocol as p
 from tests.helpers import Harness
 
 RATES = (100.0, [50.0, 80.0])
-
-
-@pytest.fixture
-def h(tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(tmp_path)
-    yield harness
-    harness.close()
 
 
 def value(h: Harness, name: str, **labels: str) -> float | None:
