@@ -112,8 +112,8 @@ for s in "$@"; do
       # GPU max active GPU_MAX: forced:gpu, least_loaded and the default policy
       stage "proof-${GPU_MAX:-16}" 560 $PY -m tandem bench --preset seed --requests 48 \
          --worker "$CPU:cpus=0-9" --worker "$GPU:cpus=10-11:max_active=${GPU_MAX:-16}" \
-         --router-cpus 12 --cpus 13-15 --policy forced:gpu --policy least_loaded \
-         --policy finish_time --runs "${RUNSP:-3}" --rates advertised --no-progress \
+         --router-cpus 12 --cpus 13-15 ${PROOF_POLICIES:---policy forced:gpu --policy least_loaded \
+         --policy finish_time} --runs "${RUNSP:-3}" --rates advertised --no-progress \
          --out "$out/proof-${GPU_MAX:-16}" ;;
     *) echo "unknown stage $s" >&2 ;;
   esac
