@@ -105,10 +105,16 @@ class Cluster:
         return ["--keys", self.keys] if self.keys else []
 
     def start(self) -> Cluster:
-        self.start_router()
-        for spec in self.workers:
-            self.start_worker(spec, wait=False)
-        self.wait_for_workers({w.worker_id for w in self.workers})
+        """Start the router and every worker; on any failure stop what started (a
+        half-started cluster must not outlive its caller), then re-raise."""
+        try:
+            self.start_router()
+            for spec in self.workers:
+                self.start_worker(spec, wait=False)
+            self.wait_for_workers({w.worker_id for w in self.workers})
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def wait_for_workers(self, ids: set[str]) -> None:

@@ -20,6 +20,7 @@ import logging
 import queue
 import threading
 import time
+import uuid
 
 import zmq
 
@@ -64,7 +65,8 @@ class WorkerLink:
         self.inbox = inbox
         self.registered = threading.Event()
         self.fatal: str | None = None  # set when the router refuses us for good
-        self._pipe_addr = f"inproc://tandem-worker-{id(self)}"
+        # Unique per link: an id() can be reused while an earlier link's pipe is still bound.
+        self._pipe_addr = f"inproc://tandem-worker-{uuid.uuid4().hex}"
         self._pull = context().socket(zmq.PULL)
         self._pull.setsockopt(zmq.RCVHWM, 0)  # never make the compute thread wait
         self._pull.bind(self._pipe_addr)
