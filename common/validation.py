@@ -45,15 +45,48 @@ Check = Callable[[Any], "Problem | None"]
 
 def message_problem(msg: p.Message) -> Problem | None:
     """What puts ``msg`` outside the protocol's bounds, or None."""
-    problem = _tree_problem(msg.__dict__, 0)
-    if problem is not None:
-        return problem
+    # The fast walk decides; only a frame it refuses pays for naming the place.
+    if not _tree_ok(msg.__dict__, 0):
+        problem = _tree_problem(msg.__dict__, 0)
+        if problem is not None:
+            return problem
     check = _CHECKS.get(msg.TYPE)
     return check(msg) if check is not None else None
 
 
 def _bad(what: str) -> Problem:
     return Problem.bad_request(what)
+
+
+_PLAIN = frozenset({str, int, bool, type(None)})  # nothing to check below these
+
+
+def _tree_ok(value: Any, depth: int) -> bool:
+    """``_tree_problem(value) is None``, without building a path for every value
+    (this runs on every frame: token deltas are the router's hot path)."""
+    if depth > MAX_DEPTH:
+        return False
+    if type(value) in _PLAIN:
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        values: Any = value.values()
+    elif isinstance(value, list | tuple):
+        if not value or isinstance(value[0], int):
+            return True  # token lists: ints only (typed by the decoder), no need to walk
+        values = value
+    elif hasattr(value, "__dataclass_fields__"):
+        values = value.__dict__.values()
+    else:
+        return True
+    plain_ok = depth < MAX_DEPTH  # a child one level down may still be a plain value
+    for v in values:
+        if plain_ok and type(v) in _PLAIN:
+            continue
+        if not _tree_ok(v, depth + 1):
+            return False
+    return True
 
 
 def _tree_problem(value: Any, depth: int, path: str = "") -> Problem | None:
@@ -145,6 +178,16 @@ def _done(m: p.Done) -> Problem | None:
 
 
 def _tokens(m: p.TokenDelta) -> Problem | None:
+    ids, rid = m.token_ids, m.request_id
+    common_case = (
+        0 < len(rid) <= MAX_ID_CHARS
+        and rid.isprintable()
+        and len(ids) <= MAX_TOKENS_PER_FRAME
+        and (not ids or (min(ids) >= 0 and max(ids) <= MAX_TOKEN_ID))
+        and len(m.text) <= MAX_TEXT_CHARS
+    )
+    if common_case:
+        return None  # checked without a call per token; otherwise name the problem
     return _first(
         _id_problem("request_id", m.request_id),
         _within("len(token_ids)", len(m.token_ids), 0, MAX_TOKENS_PER_FRAME),

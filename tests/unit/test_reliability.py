@@ -316,3 +316,40 @@ def test_a_request_pinned_to_a_lost_worker_fails_worker_lost(h: Harness) -> None
     h.pump()
     err = h.recv(h.client)
     assert isinstance(err, p.Error) and (err.code, err.request_id) == (p.WORKER_LOST, "r1")
+
+
+def test_the_fast_bounds_walk_agrees_with_the_one_that_names_the_place() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from tandem.common.validation import _tree_ok, _tree_problem
+
+    leaves = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=3)
+    trees = st.recursive(
+        leaves,
+        lambda kids: (
+            st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=2), kids, max_size=3)
+        ),
+        max_leaves=40,
+    )
+
+    @settings(max_examples=400, deadline=None)
+    @given(trees)
+    def agree(tree: object) -> None:
+        assert _tree_ok(tree, 0) == (_tree_problem(tree, 0) is None)
+
+    agree()
+
+
+def test_token_frames_out_of_bounds_are_still_named() -> None:
+    from tandem.common.validation import MAX_TOKEN_ID, message_problem
+
+    assert message_problem(p.TokenDelta("r", [1, 2], "ab")) is None
+    for bad, needle in (
+        (p.TokenDelta("r", [1, -1], "ab"), "token id"),
+        (p.TokenDelta("r", [MAX_TOKEN_ID + 1], ""), "token id"),
+        (p.TokenDelta("", [1], ""), "request_id"),
+        (p.TokenDelta("r\n", [1], ""), "request_id"),
+    ):
+        problem = message_problem(bad)
+        assert problem is not None and needle in problem.message, (bad, problem)
