@@ -88,8 +88,7 @@ class Engine:
         self._hb_seq = 0
         self._last_hb = 0.0
         self._last_full = self.clock()
-        self.timer = StepTimer(config.steps_every_s, config.full_resync_s)
-        self.timer.clock = self.clock  # a twin's virtual clock times its virtual steps
+        self.timer = StepTimer(config.steps_every_s, config.full_resync_s, self.clock)
 
     # ------------------------------------------------------------ the loop
     def run(self, stop: threading.Event) -> None:

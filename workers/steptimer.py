@@ -18,13 +18,15 @@ from tandem.common.steptime import StepStats
 class StepTimer:
     """Step periods in, step-time model reports out (see the module docstring)."""
 
-    def __init__(self, every_s: float, resend_s: float) -> None:
+    def __init__(
+        self, every_s: float, resend_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.stats = StepStats()
         self.every_s = every_s  # a changed model goes out at most this often
         self.resend_s = resend_s  # an unchanged one anyway this often
-        self.clock: Callable[[], float] = time.perf_counter  # a virtual clock may replace it
+        self.clock = clock  # the engine's: a twin's virtual clock times virtual steps
         self._open: tuple[float, tuple[int, int, int]] | None = None
-        self._sent: tuple[int, int, float] | None = None  # (version, sizes, monotonic time)
+        self._sent: tuple[int, int, float] | None = None  # (version, sizes, clock time)
 
     # ------------------------------------------------------------ timing
     def start(self, batch: int, context_tokens: int, prefill_tokens: int) -> None:
@@ -58,7 +60,7 @@ class StepTimer:
     def report(self) -> dict[str, Any] | None:
         """The model's wire form when due: at once with a new batch size, else when
         it changed (at most every ``every_s``), and every ``resend_s`` anyway."""
-        now, version = time.monotonic(), self.stats.version
+        now, version = self.clock(), self.stats.version
         if version == 0:
             return None
         if self._sent is not None and not self.has_news():
