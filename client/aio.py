@@ -17,6 +17,7 @@ from tandem.common.settings import addresses
 from tandem.common.transport import CLIENT_FRAME_BYTES
 
 DRAIN_MAX = 255  # messages read per wake-up beyond the first
+WATCH_S = 1.0  # the longest a closed connection goes unnoticed
 
 
 class AsyncClient:
@@ -149,6 +150,12 @@ class AsyncClient:
         """A closed connection fails every open request at once (RouterLost)."""
         try:
             while True:
+                # Wake at least every WATCH_S and ask the socket itself: an asyncio
+                # wake-up rides on zmq's edge-triggered descriptor and can be missed
+                # (seen once in CI: a request waited out its timeout after the close).
+                await monitor.poll(WATCH_S * 1000)
+                if not monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    continue
                 await monitor.recv_multipart()
                 for rid, box in self._boxes.items():
                     if rid is not None:
