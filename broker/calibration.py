@@ -5,7 +5,7 @@ themselves still carry their real ``max_tokens``.
 
 Rates (``--calibrate``, the default): each worker is priced by its live
 step-time model where it has samples, its profile elsewhere
-(``broker/pricing.py``); ``--no-calibrate`` prices by the (repaired) profile
+(``common/pricing.py``); ``--no-calibrate`` prices by the (repaired) profile
 alone. This replaced an earlier request-level calibration that rescaled the
 profile by what whole requests took (docs/ROUTING.md says why).
 

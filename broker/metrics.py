@@ -27,8 +27,8 @@ from prometheus_client import (
 )
 
 from tandem.broker.policies import Decision, RouteRequest, WorkerView
-from tandem.broker.pricing import Rates
 from tandem.broker.registry import WorkerState
+from tandem.common.pricing import Rates
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from tandem.broker.loads import Loads
 from tandem.broker.policies import Load, WorkerView
-from tandem.broker.pricing import Rates, price
 from tandem.common import protocol as p
 from tandem.common.blocks import CacheView, block_hashes, matched_tokens
+from tandem.common.pricing import Rates, price
 from tandem.common.steptime import StepModel
 from tandem.common.tokenizer import TokenizerSpec
 

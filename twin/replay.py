@@ -15,10 +15,13 @@ from typing import Any
 from tandem.bench.driver import LEAD_S, RequestRecord
 from tandem.bench.workload import Arrival, PromptBook
 from tandem.common import protocol as p
+from tandem.twin.device import TwinDevice
 from tandem.twin.router import TwinRouter
 from tandem.twin.world import NO_DELAY, Links, TwinWorker, World
 from tandem.workers.backends.sim import SimProfile
 from tandem.workers.engine import EngineConfig
+from tandem.workers.profiler import WarmUp, warm_up
+from tandem.workers.rates import measured_rates
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,10 @@ class TwinWorkerSpec:
     # profile's own rates. A wrong price is how the robustness suite fools a policy.
     advertised: tuple[float, tuple[float, ...]] | None = None
     join_s: float | None = None  # joins this long after the first arrival (None: at start)
+    # Measures itself before it registers, as a real worker does by default on a GPU
+    # (workers.profiler.warm_up, here on the virtual clock): the measurement, not the
+    # advertised rates, is what its Ready says where it measured.
+    warmup: bool = False
     step_tokens: int = 256
     heartbeat_s: float = 0.5
     n_ctx: int = 1 << 20
@@ -91,6 +98,12 @@ def replay(
         )
         w.now = world.now
         rates = (spec.advertised[0], list(spec.advertised[1])) if spec.advertised else None
+        if spec.warmup:
+            prof = spec.profile
+            told = rates or (prof.prefill_tok_s, list(prof.decode_tok_s()))
+            warm = _warm_up(spec)
+            rates = measured_rates(*told, warm, "the advertised rates", spec.max_active)
+            w.engine.timer.adopt(warm.stats)
         router.register(w.ready(rates))
 
     start = [s for s in specs if s.join_s is None]
@@ -116,6 +129,20 @@ def replay(
         {w: r.stats for w, r in seeds.items()},
         world.events,
         world.now,
+    )
+
+
+class _Scratch:
+    now = 0.0
+
+
+def _warm_up(spec: TwinWorkerSpec) -> WarmUp:
+    """The worker's start-up measurement on a device of its own, on its own clock
+    (before it registers, so the world's clock does not move)."""
+    owner = _Scratch()
+    device = TwinDevice(spec.profile, owner, spec.n_ctx)
+    return warm_up(
+        device, spec.max_active, spec.step_tokens, compile_pass=False, clock=lambda: owner.now
     )
 
 

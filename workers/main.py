@@ -12,51 +12,14 @@ import uuid
 from tandem.common import protocol as p
 from tandem.common.affinity import pin
 from tandem.workers.backends import build_backend
-from tandem.workers.config import DEFAULT_DECODE_TOK_S, DEFAULT_PREFILL_TOK_S, WorkerConfig
-from tandem.workers.engine import Backend, Engine
+from tandem.workers.config import WorkerConfig
+from tandem.workers.engine import Engine
 from tandem.workers.io import WorkerLink, start_link
+from tandem.workers.rates import rates, told_rates
 
 log = logging.getLogger(__name__)
 
 EXIT_GRACE_S = 1.5  # SIGTERM/SIGINT to exit: the clean path, else a hard exit
-
-
-def rates(cfg: WorkerConfig, backend: Backend) -> tuple[float, list[float]]:
-    """Rates advertised in Ready: flags, else the stored profile, else a rough default."""
-    from tandem.workers.profiles import stored_rates
-
-    # A simulated device's profile file is its definition: advertise exactly that.
-    stored = getattr(backend, "profile_rates", None) or stored_rates(backend)
-    if stored is None and not (cfg.prefill_tok_s and cfg.decode_tok_s):
-        log.warning(
-            "no stored profile for %s on %s (%s): advertising rough default rates. Routing "
-            "between unlike workers prices this one wrongly until `tandem profile --backend "
-            "%s --device %s` has run here (the router's calibration can only correct it as "
-            "requests are served).",
-            backend.name, backend.device, backend.model_name, backend.name, cfg.device,
-        )  # fmt: skip
-    prefill = cfg.prefill_tok_s or (stored[0] if stored else DEFAULT_PREFILL_TOK_S)
-    decode = list(cfg.decode_tok_s or (stored[1] if stored else [DEFAULT_DECODE_TOK_S]))
-    while len(decode) < cfg.engine.max_active:
-        decode.append(decode[-1])  # no data beyond this batch size: assume a plateau
-    decode = decode[: cfg.engine.max_active]
-    _warn_if_suspicious(decode, "--decode-tok-s" if cfg.decode_tok_s else "the stored profile")
-    return prefill, decode
-
-
-def _warn_if_suspicious(decode: list[float], source: str) -> None:
-    """A stall caught in a profile (one bad point, or a dip with batch size) misprices
-    the worker until live step times replace it: say so where the operator looks."""
-    from tandem.common.ratefit import explain, fit_decode_rates
-
-    problems = explain(decode, fit_decode_rates(decode))
-    if problems:
-        log.warning(
-            "decode rates from %s look wrong: %s. The router repairs them and prices from "
-            "live step times once requests run; re-run `tandem profile` on an idle machine.",
-            source,
-            "; ".join(problems),
-        )
 
 
 def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
@@ -65,14 +28,16 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
     pin(cfg.cpus)  # before the backend starts its threads: they inherit it
     backend = build_backend(cfg)
     worker_id = cfg.resolved_id(backend.device)
-    if cfg.wants_warmup(backend.device):
+    warm = None
+    if cfg.wants_warmup(backend.device, told=told_rates(cfg, backend) is not None):
         from tandem.workers.profiler import warm_up
 
-        log.info("warming %s up (the first run on a machine compiles kernels: minutes)",
-                 backend.device)  # fmt: skip
-        took = warm_up(backend, cfg.engine.max_active, cfg.engine.step_tokens)
-        log.info("warmed %s up in %.2f s", backend.device, took)
-    prefill, decode = rates(cfg, backend)
+        gpu = backend.device.startswith("gpu")
+        slow = " (the first run on a machine compiles kernels: minutes)" if gpu else ""
+        log.info("warming %s up and measuring it%s", backend.device, slow)
+        warm = warm_up(backend, cfg.engine.max_active, cfg.engine.step_tokens, compile_pass=gpu)
+        log.info("warmed %s up in %.2f s", backend.device, warm.seconds)
+    prefill, decode = rates(cfg, backend, warm)
     spec = backend.tokenizer_spec.to_wire()
     ready = p.Ready(
         worker_id=worker_id,
@@ -97,6 +62,8 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
 
     link = WorkerLink(cfg.router, ready, inbox, setup=peer_setup(cfg.keys, "worker"))
     engine = Engine(backend, cfg.engine, link.emit, worker_id, inbox)
+    if warm is not None:  # the router's live model starts from the measurement
+        engine.timer.adopt(warm.stats)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: _stop_within(stop, EXIT_GRACE_S))

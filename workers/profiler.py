@@ -28,6 +28,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -35,11 +36,14 @@ from typing import Any
 from tandem.common import protocol as p
 from tandem.common.protocol import SamplingParams
 from tandem.common.ratefit import explain, fit_decode_rates
+from tandem.common.steptime import StepStats
 from tandem.workers.engine import Backend, Engine, EngineConfig
 from tandem.workers.request import Request, Status
 
 _FIRST_PROMPT_ID = 256  # random prompts avoid control tokens
 WARM_PROMPT_TOKENS = 16
+WARMUP_CONTEXT = 512  # the profile's default decode context: measured alike, comparable
+WARMUP_STEPS = 8  # decode steps measured per batch size at start (medians: stalls vanish)
 SKIP_STEPS = 2  # decode steps at a new batch size left out of the timing
 MIN_REPEATS = 3  # samples per batch size: a median of 3 outvotes one stall
 
@@ -85,11 +89,16 @@ class _Collector:
             raise RuntimeError(f"profiling request {msg.request_id} failed: {msg.message}")
 
 
-def _engine(backend: Backend, max_active: int, step_tokens: int) -> tuple[Engine, _Collector]:
+def _engine(
+    backend: Backend,
+    max_active: int,
+    step_tokens: int,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[Engine, _Collector]:
     # No prefix cache: every prompt must be computed in full.
     cfg = EngineConfig(max_active=max_active, step_tokens=step_tokens, cache_tokens=0)
     out = _Collector()
-    return Engine(backend, cfg, out, worker_id="profile"), out
+    return Engine(backend, cfg, out, worker_id="profile", clock=clock), out
 
 
 def _prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
@@ -148,25 +157,63 @@ def measure_decode(
     return (out.tokens - before) / (time.perf_counter() - t0)
 
 
-def warm_up(backend: Backend, max_active: int, step_tokens: int, decode_tokens: int = 4) -> float:
-    """Run every shape serving will meet first, before the worker registers; seconds taken.
+@dataclass(frozen=True)
+class WarmUp:
+    """What a warm-up measured: the engine's own step statistics of its measuring pass."""
+
+    seconds: float
+    stats: StepStats  # as a serving engine records steps (workers/steptimer.py)
+    context: int  # prompt tokens each decoding request attended over
+
+
+def warm_up(
+    backend: Backend,
+    max_active: int,
+    step_tokens: int,
+    *,
+    context: int = WARMUP_CONTEXT,
+    measure_steps: int = WARMUP_STEPS,
+    compile_pass: bool = True,
+    clock: Callable[[], float] = time.monotonic,
+) -> WarmUp:
+    """Run the shapes serving meets first and measure them, before the worker registers.
 
     A GPU backend compiles (or loads) kernels the first time it sees a shape, in
-    every new process: without this, the first requests a worker serves pay it
-    (MLX on CUDA: ~150 ms a step at first), so a freshly started worker looks slower
-    than it is. One prompt of a full prefill chunk plus a partial one, then
-    ``decode_tokens`` at batch sizes 1, 2, 4, ... and ``max_active``.
+    every new process: without a first pass (``compile_pass``), the first requests
+    a worker serves pay it (MLX on CUDA: ~150 ms a step at first). The measuring
+    pass then times, through a real Engine and its step timer, one prompt of a full
+    prefill chunk plus a partial one, and ``measure_steps`` decode steps at batch
+    sizes 1, 2, 4, ... and ``max_active`` after ``context``-token prompts (the
+    context serving decodes at; the profile's own). Step medians make one stall
+    harmless. The worker folds the result into the rates it advertises and hands
+    the statistics to its serving engine, so the router's live model starts with
+    them instead of a profile's word or a guess.
     """
-    t0 = time.perf_counter()
-    rng = random.Random(0)
-    engine, _ = _engine(backend, max_active, step_tokens)
-    prompt = _prompt(rng, min(step_tokens + 17, backend.n_ctx - 1), backend.vocab_size)
-    engine.submit(Request("warm-prefill", prompt, SamplingParams(max_tokens=1, prefill_only=True)))
-    _drain(engine)
+    t0 = clock()
+    context = max(1, min(context, backend.n_ctx // max(1, max_active) - measure_steps - 64))
     sizes = sorted({min(2**i, max_active) for i in range(max_active.bit_length() + 1)})
-    for b in sizes:
-        measure_decode(backend, b, decode_tokens, step_tokens, rng)
-    return time.perf_counter() - t0
+    engine = None
+    for _ in range(2 if compile_pass else 1):
+        rng = random.Random(0)
+        engine, _ = _engine(backend, max_active, step_tokens, clock)
+        prompt = _prompt(rng, min(step_tokens + 17, backend.n_ctx - 1), backend.vocab_size)
+        params = SamplingParams(max_tokens=1, prefill_only=True)
+        engine.submit(Request("warm-prefill", prompt, params))
+        _drain(engine)
+        for b in sizes:
+            # Decoding starts as each prompt ends: the first keeps decoding while the
+            # others prefill, so outputs last long enough for all b to decode together.
+            prefill_steps = -(-b * context // step_tokens)
+            params = SamplingParams(
+                max_tokens=measure_steps + SKIP_STEPS + prefill_steps + 1, ignore_eos=True
+            )
+            for i in range(b):
+                prompt = _prompt(rng, context, backend.vocab_size)
+                engine.submit(Request(f"warm-{b}-{i}", prompt, params))
+            _drain(engine)
+    assert engine is not None
+    engine.timer.stop()
+    return WarmUp(clock() - t0, engine.timer.stats, context)
 
 
 def kv_cells_needed(

@@ -47,6 +47,11 @@ class StepTimer:
         """The open step failed: it measures nothing."""
         self._open = None
 
+    def adopt(self, stats: StepStats) -> None:
+        """Start from steps measured elsewhere in this process (the warm-up's)."""
+        self.stats = stats
+        self._sent = None
+
     # ------------------------------------------------------------ reporting
     def forget_sent(self) -> None:
         """The router may know nothing (a resync): the next report is due at once."""

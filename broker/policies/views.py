@@ -31,7 +31,7 @@ class WorkerView:
     cached_tokens: int = 0  # tokens of the incoming prompt this worker already holds
     active: tuple[Load, ...] = ()
     queued: tuple[Load, ...] = ()
-    # From the worker's live step-time model (broker/pricing.py); the defaults mean
+    # From the worker's live step-time model (common/pricing.py); the defaults mean
     # "not measured", and then step_s prices every context alike.
     decode_context: float = 0.0  # context tokens per row at which decode_rates hold
     decode_context_s: float = 0.0  # extra step seconds per context token per decoding row

@@ -226,30 +226,19 @@ def test_warm_up_runs_a_full_chunk_and_every_power_of_two_batch_then_holds_nothi
     assert not backend.kv  # every warm-up request's KV was released
 
 
-def test_warmup_setting_is_on_for_gpus_by_default_and_validated() -> None:
-    from tandem.workers.config import WorkerConfig
-
-    auto = WorkerConfig(router="tcp://127.0.0.1:1")
-    assert auto.wants_warmup("gpu-cuda") and not auto.wants_warmup("cpu")
-    assert WorkerConfig(router="tcp://127.0.0.1:1", warmup="on").wants_warmup("cpu")
-    assert not WorkerConfig(router="tcp://127.0.0.1:1", warmup="off").wants_warmup("gpu-metal")
-    with pytest.raises(ValueError, match="warmup"):
-        WorkerConfig(router="tcp://127.0.0.1:1", warmup="sometimes")
-
-
 def test_a_worker_without_profile_or_rate_flags_says_its_rates_are_a_guess(
     tmp_path, monkeypatch, caplog
 ) -> None:
     from tandem.workers.config import WorkerConfig
-    from tandem.workers.main import rates
+    from tandem.workers.rates import rates
 
     monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))  # no stored profiles here
-    with caplog.at_level("WARNING", logger="tandem.workers.main"):
+    with caplog.at_level("WARNING", logger="tandem.workers.rates"):
         assert rates(WorkerConfig(router="tcp://127.0.0.1:1"), FakeBackend()) == (200.0, [50.0] * 4)
     assert "no stored profile for fake" in caplog.text and "tandem profile" in caplog.text
     caplog.clear()
     flagged = WorkerConfig(router="tcp://127.0.0.1:1", prefill_tok_s=900.0, decode_tok_s=(80.0,))
-    with caplog.at_level("WARNING", logger="tandem.workers.main"):
+    with caplog.at_level("WARNING", logger="tandem.workers.rates"):
         assert rates(flagged, FakeBackend()) == (900.0, [80.0] * 4)
     assert not caplog.text
 
@@ -258,8 +247,8 @@ def test_a_worker_whose_stored_profile_has_a_stall_in_it_says_so(
     tmp_path, monkeypatch, caplog
 ) -> None:
     from tandem.workers.config import WorkerConfig
-    from tandem.workers.main import rates
     from tandem.workers.profiles import save_profile
+    from tandem.workers.rates import rates
 
     monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
     be = FakeBackend()
@@ -270,12 +259,12 @@ def test_a_worker_whose_stored_profile_has_a_stall_in_it_says_so(
         )
 
     store([180.0, 11.0, 332.0, 560.0])
-    with caplog.at_level("WARNING", logger="tandem.workers.main"):
+    with caplog.at_level("WARNING", logger="tandem.workers.rates"):
         assert rates(WorkerConfig(router="tcp://127.0.0.1:1"), be)[1] == [180.0, 11.0, 332.0, 560.0]
     assert "decode rates from the stored profile look wrong: batch 2: 11 tok/s" in caplog.text
     caplog.clear()
     store([180.0, 259.0, 332.0, 560.0])
-    with caplog.at_level("WARNING", logger="tandem.workers.main"):
+    with caplog.at_level("WARNING", logger="tandem.workers.rates"):
         rates(WorkerConfig(router="tcp://127.0.0.1:1"), be)
     assert not caplog.text
 

@@ -1,4 +1,4 @@
-"""broker/pricing.py: the profile as a prior, the live step model where it has samples."""
+"""common/pricing.py: the profile as a prior, the live step model where it has samples."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tandem.broker.pricing import PRIOR_SAMPLES, price
+from tandem.common.pricing import PRIOR_SAMPLES, price
 from tandem.common.steptime import StepModel
 
 

@@ -13,13 +13,9 @@ import pytest
 from tandem.broker.policies import DEFAULT_POLICY
 from tandem.twin.robustness import LIMIT_VS_CORRECT, LIMIT_VS_LEAST_LOADED, run_suite
 
-# GPU batch scaling understated 2x: live pricing corrects a worker's rates only at
-# batch sizes it has run, and a 16-burst at GPU max active 8 priced this way keeps
-# the GPU below the batches it underprices, so finish_time sends the CPU too much:
-# +17.6 % vs correct prices here (phase_cost +4.2 %), still 9 % ahead of
-# least_loaded. Known and documented (docs/ROUTING.md), not yet fixed. (Before
-# live pricing, heartbeats a period late were the known miss; they now hold.)
-KNOWN_MISSES = {"gpu scaling /2"}
+# None since the GPU measures itself at start (workers.profiler.warm_up): its understated
+# batch scaling (+17.6 % vs correct prices here before) is replaced by what it measured.
+KNOWN_MISSES: set[str] = set()
 
 
 def encode(text: str) -> list[int]:

@@ -1,4 +1,8 @@
-"""The rates the router prices a worker with: live step times, the profile as a prior.
+"""The rates a worker is priced with: live step times, the profile as a prior.
+
+The router prices every worker with it; a worker that measured itself at start
+(``workers.profiler.warm_up``) uses it too, to fold that measurement into the
+rates it advertises (its measurement then outweighs the profile, ``prior_samples``).
 
 A worker's Ready carries its profile (``tandem profile``: measured once, in
 isolation, at one context); its heartbeats carry the live step-time model
@@ -62,16 +66,18 @@ def price(
     decode_prior: Sequence[float],
     max_active: int,
     model: StepModel | None = None,
+    prior_samples: float = PRIOR_SAMPLES,
 ) -> Rates:
-    """A worker's rates from its profile and (when given) its live step model."""
+    """A worker's rates from its profile and (when given) its live step model; the
+    profile weighs as much as ``prior_samples`` measured steps."""
     repaired = _repaired(tuple(decode_prior), max_active)
     batches = range(1, max_active + 1)
     live = model.decode_tok_s() if model is not None else {}
     live = {b: x for b, x in live.items() if b <= max_active}
-    decode = _blend_decode(list(repaired.rates), live) if live else repaired.rates
+    decode = _blend_decode(list(repaired.rates), live, prior_samples) if live else repaired.rates
     prefill, live_prefill = prefill_prior, _live_prefill(model)
     if live_prefill is not None:
-        prefill *= _shrunk(live_prefill[0] / prefill_prior, live_prefill[1])
+        prefill *= _shrunk(live_prefill[0] / prefill_prior, live_prefill[1], prior_samples)
     measured = model if model is not None and live else StepModel()
     return Rates(
         prefill_tok_s=prefill,
@@ -88,9 +94,13 @@ def price(
     )
 
 
-def _blend_decode(prior: list[float], live: dict[int, tuple[float, int]]) -> tuple[float, ...]:
+def _blend_decode(
+    prior: list[float], live: dict[int, tuple[float, int]], prior_samples: float
+) -> tuple[float, ...]:
     """Steps 2-4 of the module docstring: blend, borrow the nearest factor, fit."""
-    logf = {b: math.log(_shrunk(rate / prior[b - 1], n)) for b, (rate, n) in live.items()}
+    logf = {
+        b: math.log(_shrunk(rate / prior[b - 1], n, prior_samples)) for b, (rate, n) in live.items()
+    }
     blended, weights = [], []
     for b in range(1, len(prior) + 1):
         lo = max((s for s in logf if s <= b), default=None)
@@ -103,7 +113,7 @@ def _blend_decode(prior: list[float], live: dict[int, tuple[float, int]]) -> tup
         else:  # between two sampled sizes: interpolate (in log space)
             f = logf[lo] + (logf[hi] - logf[lo]) * (b - lo) / (hi - lo)
         blended.append(prior[b - 1] * math.exp(f))
-        weights.append(PRIOR_SAMPLES + (live[b][1] if b in live else 0))
+        weights.append(prior_samples + (live[b][1] if b in live else 0))
     b0, b1 = min(live), max(live)
     r0, r1 = blended[b0 - 1], blended[b1 - 1]
     for b in range(1, len(prior) + 1):
@@ -117,19 +127,19 @@ def _blend_decode(prior: list[float], live: dict[int, tuple[float, int]]) -> tup
 @functools.lru_cache(maxsize=1024)
 def _repaired(prior: tuple[float, ...], max_active: int) -> Fit:
     """The profile's repair: fixed per worker, so computed once, not per heartbeat."""
-    return fit_decode_rates(_padded(prior, max_active))
+    return fit_decode_rates(padded(prior, max_active))
 
 
-def _padded(rates: Sequence[float], n: int) -> list[float]:
+def padded(rates: Sequence[float], n: int) -> list[float]:
     """``rates`` cut or extended to n entries (a plateau past the last one)."""
     out = [float(x) for x in rates[:n]]
     return out + [out[-1]] * (n - len(out))
 
 
-def _shrunk(factor: float, samples: int) -> float:
+def _shrunk(factor: float, samples: int, prior_samples: float = PRIOR_SAMPLES) -> float:
     """A live/prior factor, trusted by its evidence: 1 with no samples, the factor
     itself once samples outweigh the prior (geometric, so 2x and 1/2 are symmetric)."""
-    share = samples / (samples + PRIOR_SAMPLES)
+    share = samples / (samples + prior_samples)
     return math.exp(share * math.log(factor))
 
 
