@@ -35,8 +35,11 @@ from tandem.workers.request import Request
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
 needs_llama = pytest.mark.skipif(not HAVE_LLAMA, reason="llama-cpp-python is not installed")
 
-# Small contexts keep worker start-up and memory low on a 2-core machine.
-LLAMA_ARGS = ["--threads", "1", "--n-ctx", "4096", "--max-active", "4", "--heartbeat-s", "0.2"]
+# Small contexts keep worker start-up and memory low on a 2-core machine; no start-up
+# measurement (its seconds, per worker started; tests/process/test_measured_start.py
+# covers it).
+LLAMA_ARGS = ["--threads", "1", "--n-ctx", "4096", "--max-active", "4", "--heartbeat-s", "0.2",
+              "--warmup", "off"]  # fmt: skip
 
 EOS = 0  # FakeBackend's end-of-generation token
 

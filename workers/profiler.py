@@ -94,9 +94,10 @@ def _engine(
     max_active: int,
     step_tokens: int,
     clock: Callable[[], float] = time.monotonic,
+    cache_tokens: int = 0,
 ) -> tuple[Engine, _Collector]:
-    # No prefix cache: every prompt must be computed in full.
-    cfg = EngineConfig(max_active=max_active, step_tokens=step_tokens, cache_tokens=0)
+    # No prefix cache by default: every prompt must be computed in full.
+    cfg = EngineConfig(max_active=max_active, step_tokens=step_tokens, cache_tokens=cache_tokens)
     out = _Collector()
     return Engine(backend, cfg, out, worker_id="profile", clock=clock), out
 
@@ -190,27 +191,30 @@ def warm_up(
     them instead of a profile's word or a guess.
     """
     t0 = clock()
-    context = max(1, min(context, backend.n_ctx // max(1, max_active) - measure_steps - 64))
+    context = max(2, min(context, backend.n_ctx // max(1, max_active) - measure_steps - 64))
     sizes = sorted({min(2**i, max_active) for i in range(max_active.bit_length() + 1)})
+    # Decode prompts share one cached prefix (the prefix cache, as serving reuses it),
+    # so the context costs one prefill, not one per request: a CPU measures in seconds.
+    cache = (context + 1) * max_active + step_tokens
     engine = None
     for _ in range(2 if compile_pass else 1):
         rng = random.Random(0)
-        engine, _ = _engine(backend, max_active, step_tokens, clock)
+        engine, _ = _engine(backend, max_active, step_tokens, clock, cache_tokens=cache)
         prompt = _prompt(rng, min(step_tokens + 17, backend.n_ctx - 1), backend.vocab_size)
         params = SamplingParams(max_tokens=1, prefill_only=True)
         engine.submit(Request("warm-prefill", prompt, params))
         _drain(engine)
+        prefix = _prompt(rng, context - 1, backend.vocab_size)
         for b in sizes:
             # Decoding starts as each prompt ends: the first keeps decoding while the
-            # others prefill, so outputs last long enough for all b to decode together.
-            prefill_steps = -(-b * context // step_tokens)
-            params = SamplingParams(
-                max_tokens=measure_steps + SKIP_STEPS + prefill_steps + 1, ignore_eos=True
-            )
+            # others finish theirs, so outputs last long enough for all b to decode together.
+            params = SamplingParams(max_tokens=measure_steps + SKIP_STEPS + b + 1, ignore_eos=True)
             for i in range(b):
-                prompt = _prompt(rng, context, backend.vocab_size)
+                prompt = [*prefix, *_prompt(rng, 1, backend.vocab_size)]
                 engine.submit(Request(f"warm-{b}-{i}", prompt, params))
             _drain(engine)
+        for handle in engine.cache.clear():  # the backend keeps nothing of the warm-up
+            backend.free(handle)
     assert engine is not None
     engine.timer.stop()
     return WarmUp(clock() - t0, engine.timer.stats, context)

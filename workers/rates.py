@@ -31,15 +31,12 @@ def told_rates(cfg: WorkerConfig, backend: Backend) -> tuple[float, list[float],
 
     # A simulated device's profile file is its definition: advertise exactly that.
     stored = getattr(backend, "profile_rates", None) or stored_rates(backend)
-    if cfg.prefill_tok_s and cfg.decode_tok_s:
-        return cfg.prefill_tok_s, list(cfg.decode_tok_s), "the rate flags"
+    if cfg.decode_tok_s:
+        prefill = cfg.prefill_tok_s or (stored[0] if stored else DEFAULT_PREFILL_TOK_S)
+        return prefill, list(cfg.decode_tok_s), "the rate flags"
     if stored is None:
         return None
-    prefill, decode = stored
-    source = "the stored profile"
-    if cfg.decode_tok_s:
-        decode, source = list(cfg.decode_tok_s), "--decode-tok-s"
-    return cfg.prefill_tok_s or prefill, list(decode), source
+    return cfg.prefill_tok_s or stored[0], list(stored[1]), "the stored profile"
 
 
 def rates(

@@ -25,6 +25,8 @@ CPU=${CPU_WORKER:-llama.cpp:threads=$THREADS:id=cpu}
 GPU=${GPU_WORKER:-mlx:device=gpu:id=gpu}
 ALL_POLICIES=(--policy forced:gpu --policy forced:cpu --policy round_robin --policy least_loaded
               --policy cache_aware --policy phase_cost)
+# The decode rates a fresh GPU profile once gave on this box (issue 13): 11 tok/s at batch 2.
+OUTLIER=${OUTLIER:-180,11,332,560,632,748,656,698,653,571,622,793,502,606,481,529}
 TRAFFIC_POLICIES=(--policy forced:gpu --policy phase_cost+static --policy phase_cost)  # calibrated by default
 envfile="$TANDEM_CACHE_DIR/campaign.env"
 # shellcheck disable=SC1090
@@ -81,17 +83,18 @@ for s in "$@"; do
     onoff) stage onoff 200 $PY -m tandem bench --worker "$CPU" --worker "$GPU" \
            "${TRAFFIC_POLICIES[@]}" --workload onoff --bursts 3 --requests 16 --gap-s 4 \
            --runs 1 --rates advertised --no-progress --out "$out/onoff" ;;
-    qwen)  # the article's model shape, random weights (bench/shaped_model.py): timing only
-      q="$TANDEM_CACHE_DIR/qwen2.5-0.5b-shaped.gguf"
-      [ -f "$q" ] || stage qwen-model 120 $PY -m tandem.bench.shaped_model qwen2.5-0.5b "$q"
-      stage qwen-profile-cpu 120 $PY -m tandem profile --backend llama.cpp --model "$q" --threads 12 --json
-      stage qwen-profile-gpu 240 $PY -m tandem profile --backend mlx --model "$q" --device gpu \
-           --max-active 16 --json
-      for n in 8 48; do
-        stage "qwen-seed$n" 300 $PY -m tandem bench --preset seed \
-           --worker "llama.cpp:$q:threads=12:id=cpu" --worker "mlx:$q:device=gpu:id=gpu" \
-           --policy forced:gpu --policy forced:cpu --policy phase_cost --requests "$n" \
-           --runs "${RUNSQ:-1}" --no-progress --out "$out/qwen-seed$n"
+    qwen)  # the article's model shape, random weights (bench/shaped_model.py), Qwen's own
+      # tokenizer (the staged vocabulary): timing only. No profiles: both workers
+      # measure themselves at start (--warmup auto). Pinned as in `proof`.
+      q="$TANDEM_CACHE_DIR/qwen2.5-0.5b-shaped-qwen2vocab.gguf"
+      [ -f "$q" ] || stage qwen-model 180 $PY -m tandem.bench.shaped_model qwen2.5-0.5b "$q" --vocab qwen2
+      for n in ${QWEN_BURSTS:-8 48}; do
+        stage "qwen-seed$n" 300 $PY -m tandem bench --preset seed --requests "$n" \
+           --worker "llama.cpp:$q:threads=$THREADS:id=cpu:cpus=0-9" \
+           --worker "mlx:$q:device=gpu:id=gpu:cpus=10-11:max_active=${GPU_MAX:-16}" \
+           --router-cpus 12 --cpus 13-15 --policy forced:gpu --policy least_loaded \
+           --policy finish_time --runs "${RUNSQ:-1}" --rates advertised --no-progress \
+           --out "$out/qwen-seed$n"
       done ;;
     pinning)  # the same 8-burst with every process on all cores, then pinned, interleaved
       # (RUNSP rounds): llama.cpp on cores 0-9 (CPU_THREADS=10 for both), the GPU
@@ -115,6 +118,18 @@ for s in "$@"; do
          --router-cpus 12 --cpus 13-15 ${PROOF_POLICIES:---policy forced:gpu --policy least_loaded \
          --policy finish_time} --runs "${RUNSP:-3}" --rates advertised --no-progress \
          --out "$out/proof-${GPU_MAX:-16}" ;;
+    outlier)  # the default policy with the GPU told the box's outlier profile (as rate
+      # flags) against the same worker measuring itself with nothing told, interleaved
+      for i in $(seq 1 "${RUNSP:-3}"); do
+        for told in outlier measured; do
+          flags=""
+          [ "$told" = outlier ] && flags=":prefill_tok_s=15413:decode_tok_s=$OUTLIER"
+          stage "outlier-$told-$i" 150 $PY -m tandem bench --preset seed --requests 48 \
+             --worker "$CPU:cpus=0-9" --worker "$GPU:cpus=10-11:max_active=${GPU_MAX:-16}$flags" \
+             --router-cpus 12 --cpus 13-15 --policy finish_time --runs 1 --rates advertised \
+             --no-progress --out "$out/outlier-$told-$i"
+        done
+      done ;;
     *) echo "unknown stage $s" >&2 ;;
   esac
 done

@@ -19,7 +19,10 @@ for room in bench broker cli client common gateway launcher twin workers; do
   ln -sfn "$root/$room" "$root/tandem/$room"
 done
 export PYTHONPATH="/tmp/site:$root${PYTHONPATH:+:$PYTHONPATH}"
-export TANDEM_MODEL=${TANDEM_MODEL:-$(find /root/stage -name '*.gguf' | head -1)}
+export TANDEM_MODEL=${TANDEM_MODEL:-$(find /root/stage/models -name '*.gguf' | head -1)}
 export TANDEM_CACHE_DIR=${TANDEM_CACHE_DIR:-/root/tandem-cache}
 export PYTHONUNBUFFERED=1
+if [ -d /root/stage/vocab ]; then  # staged tokenizer vocabularies (bench/vocab_files.py)
+  mkdir -p "$TANDEM_CACHE_DIR/vocab" && cp -n /root/stage/vocab/*.gguf "$TANDEM_CACHE_DIR/vocab/"
+fi
 exec "$@"

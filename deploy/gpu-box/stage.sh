@@ -25,4 +25,7 @@ whl=$(find "${PIP_CACHE_DIR:-$HOME/.cache/pip}" -name 'llama_cpp_python-0.3.36-*
 cp "$whl" "$stage/"
 model=$("$py" -c 'from tandem.common.model_files import default_model_path; print(default_model_path())')
 mkdir -p "$stage/models" && cp "$model" "$stage/models/"
+# Qwen2's tokenizer for the shaped Qwen2.5 model (the box cannot fetch it).
+vocab=$("$py" -m tandem.bench.vocab_files qwen2)
+mkdir -p "$stage/vocab" && cp "$vocab" "$stage/vocab/"
 du -sh "$stage"/* >&2

@@ -15,7 +15,8 @@ from tandem.launcher.cluster import Cluster, WorkerSpec
 from tests.helpers import LLAMA_ARGS, needs_llama
 
 pytestmark = [pytest.mark.model, pytest.mark.mlx, needs_llama]
-MLX_ARGS = ["--backend", "mlx", "--device", "cpu", "--n-ctx", "1024", "--heartbeat-s", "0.2"]
+MLX_ARGS = ["--backend", "mlx", "--device", "cpu", "--n-ctx", "1024", "--heartbeat-s", "0.2",
+            "--warmup", "off"]  # fmt: skip
 EXIT_WAIT_S = 120
 
 
