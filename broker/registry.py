@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,8 @@ from tandem.common.blocks import CacheView, block_hashes, matched_tokens
 from tandem.common.pricing import Rates, price
 from tandem.common.steptime import StepModel
 from tandem.common.tokenizer import TokenizerSpec
+
+NOTED_PERIODS = 2  # a finished prompt counts as cached this many heartbeats unreported
 
 
 @dataclass
@@ -34,6 +37,9 @@ class Routed:
     cached_estimate: int
     prefill_only: bool
     tokens_seen: int = 0
+    # The prompt's block hashes at this worker's block size (computed for routing
+    # anyway): noted as cached there when it finishes (common.blocks.CacheView.note).
+    blocks: Sequence[int] = ()
 
     def load(self, reported: p.RequestRow | None, queued: bool = False) -> Load:
         """This request's remaining work: the heartbeat's numbers, or the ledger's.
@@ -95,6 +101,14 @@ class WorkerState:
         self.inflight.pop(wid, None)
         self.loads.drop(wid)
         self.version += 1
+
+    def finished(self, wid: str, now: float) -> None:
+        """``wid`` ended with a Done: its prompt is in this worker's prefix cache now,
+        whatever the last heartbeat said (two heartbeat periods to say otherwise)."""
+        routed = self.inflight.get(wid)
+        if routed is not None and routed.blocks:
+            self.cache.note(routed.blocks, now + NOTED_PERIODS * self.info.heartbeat_s)
+        self.untrack(wid)
 
     def on_heartbeat(self, hb: p.Heartbeat) -> None:
         self.heartbeat = hb

@@ -289,13 +289,20 @@ class Router:
             extra = self.calibration.log_fields()
             record = decision_record(sub.request_id, policy.name, rr, views, decision, extra)
             self.decisions.write(record)
-        self._assign(req, tokens, self.workers[decision.worker_id], views)
+        self._assign(req, tokens, self.workers[decision.worker_id], views, blocks)
         return True
 
     def _has_room(self, w: WorkerState) -> bool:
         return len(w.inflight) < self.cfg.admission.inflight_cap(w.info.max_active)
 
-    def _assign(self, req: ClientRequest, tokens: list[int], w: WorkerState, views: list) -> None:
+    def _assign(
+        self,
+        req: ClientRequest,
+        tokens: list[int],
+        w: WorkerState,
+        views: list,
+        blocks: PromptBlocks,
+    ) -> None:
         sub = req.submit
         wid = self.ids.next()
         cached = next(v.cached_tokens for v in views if v.id == w.id)
@@ -307,7 +314,9 @@ class Router:
             return
         req.wid, req.worker_id, req.t_assigned = wid, w.id, time.monotonic()
         req.prompt_tokens, req.cached_estimate = len(req.tokens or ()), cached
-        w.track(Routed(wid, w.id, len(tokens), req.budget_left, cached, sub.sampling.prefill_only))
+        prefill_only = sub.sampling.prefill_only
+        hashes = blocks.hashes(w.info.block_size)
+        w.track(Routed(wid, w.id, len(tokens), req.budget_left, cached, prefill_only, 0, hashes))
         w.routed_total += 1
         self.requests[wid] = req
         self._by_client[(req.client, sub.request_id)] = wid
@@ -338,7 +347,7 @@ class Router:
             problem = w.update_steps(msg.steps) if msg.steps is not None else None
             if problem:  # routing goes on with the last good model
                 log.warning("worker %s sent an unusable step model: %s", w.id, problem)
-            if not w.cache.apply(msg.cache):
+            if not w.cache.apply(msg.cache, time.monotonic()):
                 self.worker_sock.send(identity, p.ResyncCache())
             self.metrics.on_heartbeat(w, w.rates(self.cfg.calibrate))
         elif isinstance(msg, p.TokenDelta | p.Done | p.Error):
@@ -420,6 +429,8 @@ class Router:
             if sub.stream:  # sent at the end of this drain, with any others of this request
                 self.outbox.add(w, req, msg.token_ids, msg.text)
             return
+        if isinstance(msg, p.Done):
+            w.finished(wid or "", now)  # its prompt is cached there: before _forget untracks
         self._forget(w, req)
         self.admission.on_done(now)
         if isinstance(msg, p.Done):

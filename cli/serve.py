@@ -166,7 +166,8 @@ def router(
     type=click.Choice(WARMUP),
     default=config_default(W, "warmup"),
     show_default=True,
-    help="Run every batch shape once before registering (auto: on GPU devices).",
+    help="Measure every batch shape before registering and advertise the measurement "
+    "(auto: every device but a simulated one; a GPU also compiles its kernels then).",
 )
 @sim_profile
 @cpus_option

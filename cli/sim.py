@@ -109,17 +109,17 @@ def validate(results: tuple[str, ...], out_file: str | None) -> None:
     "--warmup/--no-warmup",
     default=True,
     show_default=True,
-    help="The GPU measures itself at start, as a GPU worker does by default.",
+    help="Workers measure themselves at start, as real workers do by default.",
 )
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None)
 def robustness(policies: tuple[str, ...], small: bool, warmup: bool, out_file: str | None) -> None:
     """Fool the router (noisy, wrong and stale prices, a late worker) and compare policies."""
     from tandem.twin.robustness import render, run_suite
 
-    # Each replay's GPU measures itself and says where the profile it was told is off:
+    # Each replay's workers measure themselves and say where the rates they were told are off:
     # that is the point of the scenarios, not news.
     logging.getLogger("tandem.workers.rates").setLevel(logging.ERROR)
-    text = render(run_suite(_encoder(), policies or None, small=small, gpu_warmup=warmup))
+    text = render(run_suite(_encoder(), policies or None, small=small, warmup=warmup))
     click.echo(text)
     if out_file:
         Path(out_file).write_text(text)

@@ -15,6 +15,7 @@ heartbeats stay small, and a lost or reordered delta is detected, not guessed.
 from __future__ import annotations
 
 import hashlib
+import math
 from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -103,25 +104,58 @@ class CacheLog:
 
 
 class CacheView:
-    """Router side: the block set of one worker, rebuilt from heartbeat reports."""
+    """Router side: the block set of one worker, rebuilt from heartbeat reports.
+
+    ``held`` is what the reports say plus what the router saw finish there and has
+    not been told of yet (``note``): a worker keeps a finished request's blocks in
+    its prefix cache before its next heartbeat can say so, and routing the next
+    request of a burst with the same prefix must not wait for that heartbeat. A
+    noted block counts until ``until``; after that only the reports do.
+    """
 
     def __init__(self) -> None:
-        self.held: set[int] = set()
+        self.held: set[int] = set()  # reported | noted: what routing matches against
         self.seq = -1  # nothing applied yet
+        self._reported: set[int] = set()
+        self._noted: dict[int, float] = {}  # block -> until (clock time)
 
-    def apply(self, report: dict[str, Any]) -> bool:
-        """Apply one report; False means a delta was missed and a full resync is needed."""
+    def note(self, blocks: Sequence[int], until: float) -> None:
+        """``blocks`` finished on this worker: count them as cached until ``until``."""
+        for h in blocks:
+            if h not in self._reported:
+                self._noted[h] = until
+                self.held.add(h)
+
+    def expire(self, now: float) -> None:
+        """Noted blocks past their time count only if a report has them."""
+        if not self._noted:
+            return
+        gone = [h for h, until in self._noted.items() if until <= now]
+        for h in gone:
+            del self._noted[h]
+            if h not in self._reported:
+                self.held.discard(h)
+
+    def apply(self, report: dict[str, Any], now: float = math.inf) -> bool:
+        """Apply one report (received at ``now``); False means a delta was missed and a
+        full resync is needed."""
         try:
             if report.get("full"):
-                self.held = {int(h) for h in report["blocks"]}
+                self._reported = {int(h) for h in report["blocks"]}
+                self.held = self._reported | self._noted.keys()
                 self.seq = int(report["seq"])
-                return True
-            base, seq = int(report["base"]), int(report["seq"])
-            if base != self.seq:
-                return seq == self.seq  # an empty delta at our seq is fine; else a gap
-            self.held.difference_update(int(h) for h in report["removed"])
-            self.held.update(int(h) for h in report["added"])
-            self.seq = seq
-            return True
+            else:
+                base, seq = int(report["base"]), int(report["seq"])
+                if base != self.seq:
+                    return seq == self.seq  # an empty delta at our seq is fine; else a gap
+                removed = [int(h) for h in report["removed"]]
+                added = [int(h) for h in report["added"]]
+                self._reported.difference_update(removed)
+                self.held.difference_update(h for h in removed if h not in self._noted)
+                self._reported.update(added)
+                self.held.update(added)
+                self.seq = seq
         except (KeyError, TypeError, ValueError):
             return False
+        self.expire(now)
+        return True

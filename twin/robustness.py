@@ -118,9 +118,8 @@ class Case:
     gpu_active: int = 8
     cpu_active: int = 4
     requests: int = 48
-    # The GPU measures itself at start, as a GPU worker does by default (--warmup auto);
-    # the CPU, with a stored profile, does not (auto skips it there).
-    gpu_warmup: bool = True
+    # Both measure themselves at start, as real workers do by default (--warmup auto).
+    warmup: bool = True
 
     @property
     def label(self) -> str:
@@ -129,14 +128,18 @@ class Case:
     def fleet(self) -> Fleet:
         return [
             TwinWorkerSpec(
-                "cpu", SimProfile.load(self.cpu), self.cpu_active, heartbeat_s=HEARTBEAT_S
+                "cpu",
+                SimProfile.load(self.cpu),
+                self.cpu_active,
+                heartbeat_s=HEARTBEAT_S,
+                warmup=self.warmup,
             ),
             TwinWorkerSpec(
                 "gpu",
                 SimProfile.load(self.gpu),
                 self.gpu_active,
                 heartbeat_s=HEARTBEAT_S,
-                warmup=self.gpu_warmup,
+                warmup=self.warmup,
             ),
         ]
 
@@ -168,11 +171,11 @@ def run_suite(
     encode: Any,
     policies: Sequence[str] | None = None,
     small: bool = False,
-    gpu_warmup: bool = True,
+    warmup: bool = True,
 ) -> list[dict[str, Any]]:
     """Every case x scenario x policy; one row each with its comparisons."""
     runs = tuple(dict.fromkeys((*(policies or POLICIES), "least_loaded")))
-    cases = [dataclasses.replace(c, gpu_warmup=gpu_warmup) for c in (SMALL if small else FULL)]
+    cases = [dataclasses.replace(c, warmup=warmup) for c in (SMALL if small else FULL)]
     return [row for case in cases for row in _case_rows(case, runs, encode)]
 
 

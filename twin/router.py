@@ -68,7 +68,8 @@ class TwinRouter:
         cached = next(v.cached_tokens for v in views if v.id == w.id)
         self._next_id += 1
         wid = f"{self._next_id:x}"
-        w.track(Routed(wid, w.id, len(tokens), budget, cached, prefill_only))
+        blocks = hashes.get(w.info.block_size, ())
+        w.track(Routed(wid, w.id, len(tokens), budget, cached, prefill_only, 0, blocks))
         w.routed_total += 1
         rec.worker = w.id
         rec.stats = {"policy": policy.name, "router_cached_estimate": cached}
@@ -85,7 +86,7 @@ class TwinRouter:
             w.on_heartbeat(msg)
             if msg.steps is not None:
                 w.update_steps(msg.steps)
-            if not w.cache.apply(msg.cache):
+            if not w.cache.apply(msg.cache, now):
                 self.send(w.id, p.ResyncCache(), now)
         elif isinstance(msg, p.TokenDelta):
             self._tokens(w, msg, now)
@@ -108,7 +109,10 @@ class TwinRouter:
         routed = w.inflight.get(wid)
         if rec is None or routed is None:
             return
-        w.untrack(wid)
+        if isinstance(msg, p.Done):
+            w.finished(wid, now)
+        else:
+            w.untrack(wid)
         rec.done_s = now
         self.ended += 1
         if isinstance(msg, p.Error):

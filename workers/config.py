@@ -53,7 +53,7 @@ class WorkerConfig:
     decode_tok_s: tuple[float, ...] | None = None
     profile: str | None = None  # sim backend: its device profile file
     cpus: tuple[int, ...] | None = None  # cores this worker (and its threads) may use
-    warmup: str = "auto"  # on | off | auto (GPUs, unprofiled devices): workers.profiler.warm_up
+    warmup: str = "auto"  # on | off | auto (all but sim devices): workers.profiler.warm_up
     keys: str | None = None  # CURVE keys folder (common/auth.py); None: TANDEM_KEYS or none
 
     def __post_init__(self) -> None:
@@ -68,12 +68,12 @@ class WorkerConfig:
         if self.warmup not in WARMUP:
             raise ValueError(f"warmup must be one of {WARMUP}, not {self.warmup!r}")
 
-    def wants_warmup(self, device: str, told: bool = True) -> bool:
-        """auto: warm GPUs up (per-process kernel compilation) and measure every device
-        no profile or flag tells rates for (``told``); a simulated device is its profile."""
+    def wants_warmup(self, device: str) -> bool:
+        """auto: every real device measures itself at start (a GPU also compiles its
+        kernels then); a simulated device is its profile, nothing to measure."""
         if self.warmup != "auto":
             return self.warmup == "on"
-        return device.startswith("gpu") or not (told or device.startswith("sim"))
+        return not device.startswith("sim")
 
     def resolved_id(self, device: str) -> str:
         return self.worker_id or f"{device}-{socket.gethostname()}-{os.getpid()}"

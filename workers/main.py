@@ -15,7 +15,7 @@ from tandem.workers.backends import build_backend
 from tandem.workers.config import WorkerConfig
 from tandem.workers.engine import Engine
 from tandem.workers.io import WorkerLink, start_link
-from tandem.workers.rates import rates, told_rates
+from tandem.workers.rates import rates
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
     backend = build_backend(cfg)
     worker_id = cfg.resolved_id(backend.device)
     warm = None
-    if cfg.wants_warmup(backend.device, told=told_rates(cfg, backend) is not None):
+    if cfg.wants_warmup(backend.device):
         from tandem.workers.profiler import warm_up
 
         gpu = backend.device.startswith("gpu")

@@ -305,3 +305,19 @@ def test_status_shows_live_rates_beside_the_profile(make: Callable[..., Harness]
     assert profile[-3:] == ["50", "5!", "90"]
     assert live[-4:] == ["40", "(40)", "-", "-"]
     assert [float(x) for x in priced[-3:]] == sorted(float(x) for x in priced[-3:])
+
+
+def test_a_finished_prompt_is_cached_there_before_any_heartbeat_says_so(h: Harness) -> None:
+    h.add_worker("a", (1000.0, [50.0]))
+    prompt = list(range(100, 164))  # four 16-token blocks
+    assert h.submit("r1", prompt).worker_id == "a"
+    wid = h.assigned("a").request_id
+    assert h.view("a", prompt).cached_tokens == 0
+    h.workers["a"].send(p.Done(wid, p.FinishReason.LENGTH, {}))
+    h.pump()
+    # The worker kept the prompt's blocks (all but the last token's): routing knows now.
+    assert h.view("a", prompt).cached_tokens == 48
+    h.heartbeat("a", 1, blocks=[])  # a report sent before the Done changes nothing yet
+    assert h.view("a", prompt).cached_tokens == 48
+    h.router.workers["a"].cache.expire(float("inf"))  # two periods on, reports decide
+    assert h.view("a", prompt).cached_tokens == 0

@@ -91,13 +91,12 @@ def test_the_serving_engine_reports_the_warm_up_in_its_first_heartbeat(gpu) -> N
     assert beat.steps is not None and 16 in beat.steps["b"]
 
 
-def test_warm_up_is_automatic_on_gpus_and_on_devices_nothing_prices() -> None:
+def test_warm_up_is_automatic_on_every_real_device() -> None:
     auto = WorkerConfig(router="tcp://127.0.0.1:1")
-    assert auto.wants_warmup("gpu-cuda") and auto.wants_warmup("gpu-metal", told=False)
-    assert auto.wants_warmup("cpu", told=False)  # no profile, no flags: measure, do not guess
-    assert not auto.wants_warmup("cpu", told=True)  # a stored profile: start at once
-    assert not auto.wants_warmup("sim-h200-gpu", told=False)  # a sim device is its profile
-    assert WorkerConfig(router="tcp://127.0.0.1:1", warmup="on").wants_warmup("cpu")
+    assert auto.wants_warmup("gpu-cuda") and auto.wants_warmup("gpu-metal")
+    assert auto.wants_warmup("cpu")  # a stored profile is verified, not believed
+    assert not auto.wants_warmup("sim-h200-gpu")  # a sim device is its profile
+    assert WorkerConfig(router="tcp://127.0.0.1:1", warmup="on").wants_warmup("sim-cpu-m2")
     assert not WorkerConfig(router="tcp://127.0.0.1:1", warmup="off").wants_warmup("gpu-metal")
     with pytest.raises(ValueError, match="warmup"):
         WorkerConfig(router="tcp://127.0.0.1:1", warmup="sometimes")

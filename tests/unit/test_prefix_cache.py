@@ -134,3 +134,47 @@ def test_view_tracks_the_log_through_any_sequence(ops):
             held[h] -= 1
         assert view.apply(log.report())
         assert view.held == {k for k, n in held.items() if n > 0}
+
+
+def test_a_finished_prompt_counts_as_cached_until_reports_have_had_their_time():
+    log, view = CacheLog(), CacheView()
+    log.add([1])
+    assert view.apply(log.report(), now=0.0) and view.held == {1}
+    view.note([1, 2, 3], until=1.0)  # finished there; the next heartbeat is not in yet
+    assert view.held == {1, 2, 3}
+    assert view.apply(log.report(), now=0.5) and view.held == {1, 2, 3}  # a stale report
+    log.add([2])
+    assert view.apply(log.report(), now=0.9) and view.held == {1, 2, 3}
+    assert view.apply(log.report(), now=1.0)  # past its time: only what was reported
+    assert view.held == {1, 2}
+    log.remove([1])  # a reported block goes even while an older note is out
+    view.note([4], until=5.0)
+    assert view.apply(log.report(), now=2.0) and view.held == {2, 4}
+    log.request_full()
+    assert view.apply(log.report(), now=3.0) and view.held == {2, 4}  # a full listing keeps notes
+    view.expire(5.0)
+    assert view.held == {2}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "remove", "note"]), st.integers(0, 6)),
+                max_size=40))  # fmt: skip
+def test_held_is_always_what_was_reported_plus_notes_in_time(ops):
+    log, view = CacheLog(), CacheView()
+    held: dict[int, int] = {}
+    notes: dict[int, float] = {}
+    for now, (op, h) in enumerate(ops):
+        if op == "add":
+            log.add([h])
+            held[h] = held.get(h, 0) + 1
+        elif op == "remove" and held.get(h):
+            log.remove([h])
+            held[h] -= 1
+        elif op == "note":
+            view.note([h], until=now + 3)
+            notes[h] = now + 3
+        assert view.apply(log.report(), now=float(now))
+        reported = {k for k, n in held.items() if n > 0}
+        # A note for a block the reports already held is not kept.
+        live = {k for k, until in notes.items() if until > now}
+        assert reported <= view.held <= reported | live
