@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from tandem.common.transport import monitor_socket
+
 STALL_S = 0.5  # a loop turn longer than this gives every worker a fresh window
 PROBE_AFTER_S = (0.0, 0.05, 0.25, 1.0)  # after a disconnect event
 
@@ -95,7 +97,7 @@ class Liveness:
 
 def disconnect_monitor(sock: zmq.Socket) -> zmq.Socket:
     """A PAIR socket that receives ``sock``'s disconnect events."""
-    return sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    return monitor_socket(sock, zmq.EVENT_DISCONNECTED)
 
 
 def drain_events(monitor: zmq.Socket) -> int:

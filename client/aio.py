@@ -14,7 +14,7 @@ from tandem.client.session import Assembly, Delta, Result, make_submit, request_
 from tandem.common import protocol as p
 from tandem.common.auth import peer_setup
 from tandem.common.settings import addresses
-from tandem.common.transport import CLIENT_FRAME_BYTES
+from tandem.common.transport import CLIENT_FRAME_BYTES, monitor_socket
 
 DRAIN_MAX = 255  # messages read per wake-up beyond the first
 WATCH_S = 1.0  # the longest a closed connection goes unnoticed
@@ -142,7 +142,7 @@ class AsyncClient:
             self._reader = loop.create_task(self._read())
             # The monitor attaches now, before the first request leaves: a router that
             # answers and dies at once must not close the connection unobserved.
-            monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            monitor = monitor_socket(self._sock, zmq.EVENT_DISCONNECTED)
             self._watcher = loop.create_task(self._watch(monitor))
         return self._boxes.setdefault(rid, asyncio.Queue())
 

@@ -15,7 +15,7 @@ from tandem.client.session import Assembly, Delta, Result, make_submit, request_
 from tandem.common import protocol as p
 from tandem.common.auth import peer_setup
 from tandem.common.settings import addresses
-from tandem.common.transport import CLIENT_FRAME_BYTES, DealerSocket
+from tandem.common.transport import CLIENT_FRAME_BYTES, DealerSocket, monitor_socket
 
 # A closed connection loses every request in flight on it: the router answers on
 # the connection a request came in on, and a reconnected socket is a new peer.
@@ -58,7 +58,7 @@ class Client:
 
     def _connect(self) -> None:
         self._sock = DealerSocket(self.address, None, CLIENT_FRAME_BYTES, self._setup)
-        self._monitor = self._sock.sock.get_monitor_socket(_LOST_EVENTS)
+        self._monitor = monitor_socket(self._sock.sock, _LOST_EVENTS)
 
     def close(self) -> None:
         self._monitor.close(linger=0)

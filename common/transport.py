@@ -8,6 +8,7 @@ one thread only (it may be created on another before that thread starts).
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 
 import zmq
@@ -28,6 +29,16 @@ Setup = Callable[[zmq.Socket], None]  # e.g. CURVE options (common/auth.py), bef
 
 def context() -> zmq.Context:
     return zmq.Context.instance()
+
+
+def monitor_socket(sock: zmq.Socket, events: int) -> zmq.Socket:
+    """``sock.get_monitor_socket(events)`` on an address of its own.
+
+    pyzmq's default address is ``inproc://monitor.s-<fd>``: a new socket that reuses
+    a closed one's descriptor collides with that socket's monitor endpoint until the
+    closed one is reaped ("Address already in use", seen in CI).
+    """
+    return sock.get_monitor_socket(events, addr=f"inproc://tandem-monitor-{uuid.uuid4().hex}")
 
 
 def _limit(sock: zmq.Socket, max_msg_bytes: int, setup: Setup | None) -> None:

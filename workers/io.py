@@ -25,7 +25,7 @@ import uuid
 import zmq
 
 from tandem.common import protocol as p
-from tandem.common.transport import DealerSocket, Setup, context
+from tandem.common.transport import DealerSocket, Setup, context, monitor_socket
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class WorkerLink:
         poller.register(dealer.sock, zmq.POLLIN)
         poller.register(self._pull, zmq.POLLIN)
         # A refused CURVE handshake is otherwise silent: the Ready just never lands.
-        refused = dealer.sock.get_monitor_socket(_REFUSED)
+        refused = monitor_socket(dealer.sock, _REFUSED)
         poller.register(refused, zmq.POLLIN)
         backoff_s, next_ready = 0.25, 0.0
         last_hb: bytes | None = None
