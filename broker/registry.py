@@ -103,12 +103,12 @@ class WorkerState:
         self.version += 1
 
     def finished(self, wid: str, now: float) -> None:
-        """``wid`` ended with a Done: its prompt is in this worker's prefix cache now,
-        whatever the last heartbeat said (two heartbeat periods to say otherwise)."""
+        """``wid`` ended with a Done (call before ``untrack``): its prompt is in this
+        worker's prefix cache now, whatever the last heartbeat said (two heartbeat
+        periods to say otherwise)."""
         routed = self.inflight.get(wid)
         if routed is not None and routed.blocks:
             self.cache.note(routed.blocks, now + NOTED_PERIODS * self.info.heartbeat_s)
-        self.untrack(wid)
 
     def on_heartbeat(self, hb: p.Heartbeat) -> None:
         self.heartbeat = hb

@@ -35,7 +35,7 @@ class TwinWorkerSpec:
     # profile's own rates. A wrong price is how the robustness suite fools a policy.
     advertised: tuple[float, tuple[float, ...]] | None = None
     join_s: float | None = None  # joins this long after the first arrival (None: at start)
-    # Measures itself before it registers, as a real worker does by default on a GPU
+    # Measures itself before it registers, as a real worker does by default
     # (workers.profiler.warm_up, here on the virtual clock): the measurement, not the
     # advertised rates, is what its Ready says where it measured.
     warmup: bool = False

@@ -111,8 +111,7 @@ class TwinRouter:
             return
         if isinstance(msg, p.Done):
             w.finished(wid, now)
-        else:
-            w.untrack(wid)
+        w.untrack(wid)
         rec.done_s = now
         self.ended += 1
         if isinstance(msg, p.Error):

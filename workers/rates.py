@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from tandem.common.pricing import padded, price
 from tandem.workers.config import DEFAULT_DECODE_TOK_S, DEFAULT_PREFILL_TOK_S, WorkerConfig
 from tandem.workers.engine import Backend
 from tandem.workers.profiler import WarmUp
@@ -53,11 +54,9 @@ def rates(
             "profile --backend %s --device %s` here.",
             backend.name, backend.device, backend.model_name, backend.name, cfg.device,
         )  # fmt: skip
-    prefill, decode, source = told or (DEFAULT_PREFILL_TOK_S, [DEFAULT_DECODE_TOK_S], "a guess")
-    while len(decode) < cfg.engine.max_active:
-        decode.append(decode[-1])  # no data beyond this batch size: assume a plateau
-    decode = decode[: cfg.engine.max_active]
-    if told is not None:
+    prefill, decode, source = told or (DEFAULT_PREFILL_TOK_S, [DEFAULT_DECODE_TOK_S], None)
+    decode = padded(decode, cfg.engine.max_active)  # a plateau past the last known size
+    if source is not None:
         _warn_if_suspicious(decode, source)
     if warm is None:
         return prefill, decode
@@ -65,19 +64,18 @@ def rates(
 
 
 def measured_rates(
-    prefill: float, decode: list[float], warm: WarmUp, source: str, max_active: int
+    prefill: float, decode: list[float], warm: WarmUp, source: str | None, max_active: int
 ) -> tuple[float, list[float]]:
-    """The warm-up's measurement folded into ``decode``/``prefill`` (from ``source``):
-    measured batch sizes take the measured rate, the others the source's shape
-    scaled to the measured points around them (``common.pricing.price``). A source
-    that disagrees with the measurement by more than DISAGREE is named in the log."""
-    from tandem.common.pricing import padded, price
-
+    """The warm-up's measurement folded into ``decode``/``prefill`` (from ``source``;
+    None: a guess): measured batch sizes take the measured rate, the others the
+    source's shape scaled to the measured points around them
+    (``common.pricing.price``). A source that disagrees with the measurement by more
+    than DISAGREE is named in the log."""
     decode = padded(decode, max_active)
     model = warm.stats.model()
     if not model.decode_batch and not model.prefill_chunk:
         return prefill, decode
-    guess = source == "a guess"
+    guess = source is None
     priced = price(prefill, decode, max_active, model, GUESS_WEIGHT if guess else TOLD_WEIGHT)
     out = list(priced.decode_tok_s)
     off = [
@@ -93,7 +91,7 @@ def measured_rates(
         )  # fmt: skip
     log.info(
         "measured at start: prefill %.0f tok/s, decode %s tok/s by batch (from %s)",
-        priced.prefill_tok_s, [round(x) for x in out], source,
+        priced.prefill_tok_s, [round(x) for x in out], source or "a guess",
     )  # fmt: skip
     return priced.prefill_tok_s, out
 

@@ -62,7 +62,7 @@ def test_an_outlier_in_the_profile_is_replaced_by_the_measurement_and_named(gpu,
 
 def test_an_unprofiled_worker_advertises_what_it_measured_not_the_default_guess(gpu) -> None:
     profile, warm = gpu
-    prefill, decode = measured_rates(200.0, [50.0], warm, "a guess", GPU_ACTIVE)
+    prefill, decode = measured_rates(200.0, [50.0], warm, None, GPU_ACTIVE)
     assert prefill == pytest.approx(profile.prefill_tok_s, rel=0.02)
     assert len(decode) == GPU_ACTIVE
     for b in (1, 2, 4, 8, 16):  # measured sizes: the measurement (pooled where it dips)
