@@ -118,6 +118,15 @@ for s in "$@"; do
          --router-cpus 12 --cpus 13-15 ${PROOF_POLICIES:---policy forced:gpu --policy least_loaded \
          --policy finish_time} --runs "${RUNSP:-3}" --rates advertised --no-progress \
          --out "$out/proof-${GPU_MAX:-16}" ;;
+    matrix)  # issue 13's matrix: the seed burst of MATRIX_N requests at every GPU max
+      # active in SWEEP (the CPU held at 4), pinned as in `proof`, PROOF_POLICIES
+      # interleaved per run (RUNSP runs), one bench invocation and one result folder
+      n=${MATRIX_N:-8}
+      stage "matrix-$n" "${MATRIX_CAP:-560}" $PY -m tandem bench --preset seed --requests "$n" \
+         --worker "$CPU:cpus=0-9:max_active=4" --worker "$GPU:cpus=10-11" \
+         --sweep-max-active "${SWEEP:-1,4,8,16}" --router-cpus 12 --cpus 13-15 \
+         ${PROOF_POLICIES:---policy forced:gpu --policy least_loaded --policy finish_time} \
+         --runs "${RUNSP:-3}" --rates advertised --no-progress --out "$out/matrix-$n" ;;
     outlier)  # the default policy with the GPU told the box's outlier profile (as rate
       # flags) against the same worker measuring itself with nothing told, interleaved
       for i in $(seq 1 "${RUNSP:-3}"); do

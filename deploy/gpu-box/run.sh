@@ -19,10 +19,12 @@ for room in bench broker cli client common gateway launcher twin workers; do
   ln -sfn "$root/$room" "$root/tandem/$room"
 done
 export PYTHONPATH="/tmp/site:$root${PYTHONPATH:+:$PYTHONPATH}"
-export TANDEM_MODEL=${TANDEM_MODEL:-$(find /root/stage/models -name '*.gguf' | head -1)}
+# the staged folder keeps its own name inside the tar (stage.sh STAGE_DIR): search below it
+export TANDEM_MODEL=${TANDEM_MODEL:-$(find /root/stage -path '*/models/*.gguf' | head -1)}
 export TANDEM_CACHE_DIR=${TANDEM_CACHE_DIR:-/root/tandem-cache}
 export PYTHONUNBUFFERED=1
-if [ -d /root/stage/vocab ]; then  # staged tokenizer vocabularies (bench/vocab_files.py)
-  mkdir -p "$TANDEM_CACHE_DIR/vocab" && cp -n /root/stage/vocab/*.gguf "$TANDEM_CACHE_DIR/vocab/"
+vocab=$(find /root/stage -type d -name vocab | head -1)
+if [ -n "$vocab" ]; then  # staged tokenizer vocabularies (bench/vocab_files.py)
+  mkdir -p "$TANDEM_CACHE_DIR/vocab" && cp -n "$vocab"/*.gguf "$TANDEM_CACHE_DIR/vocab/"
 fi
 exec "$@"
