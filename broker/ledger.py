@@ -19,7 +19,6 @@ from scratch (tests/unit/test_decision_replay.py replays recorded decisions).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
 
 from tandem.broker.calibration import Calibration
@@ -80,20 +79,29 @@ class ViewCache:
         """What the policy sees of ``w`` for ``prompt``."""
         base = self.base(w)
         cached = prompt.cached_on(w)
-        return dataclasses.replace(base, cached_tokens=cached) if cached else base
+        return base.with_cached(cached)
 
     def views(self, workers: Iterable[WorkerState], prompt: PromptBlocks) -> list[WorkerView]:
         """``view`` of each of ``workers``: the per-decision loop, kept to a few
-        lookups per worker (it runs once per worker per request)."""
+        lookups per worker (it runs once per worker per request). Most workers hold
+        none of the prompt's first block: that is checked here, before any call."""
         cal, cache, out = self.calibration.version, self._views, []
+        firsts: dict[int, int | None] = {}  # block size -> the prompt's first block hash
         for w in workers:
             entry = cache.get(w.id)
-            if entry is not None and entry[0] is w and entry[1] == w.version and entry[2] == cal:
-                base = entry[3]
-            else:
+            if entry is None or entry[0] is not w or entry[1] != w.version or entry[2] != cal:
                 base = self.base(w)
-            cached = prompt.cached_on(w) if w.cache.held else 0
-            out.append(dataclasses.replace(base, cached_tokens=cached) if cached else base)
+            else:
+                base = entry[3]
+            held = w.cache.held
+            if held:
+                bs = w.info.block_size
+                if bs not in firsts:
+                    hashes = prompt.hashes(bs)
+                    firsts[bs] = hashes[0] if hashes else None
+                if firsts[bs] in held:
+                    base = base.with_cached(prompt.cached_on(w))
+            out.append(base)
         return out
 
     def forget(self, worker_id: str) -> None:

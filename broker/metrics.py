@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import (
@@ -109,6 +110,8 @@ class RouterMetrics:
             registry=r,
         )
         self._worker_gauges(r)
+        self._children: dict[str, _WorkerGauges] = {}
+        self._counters: dict[tuple[int, tuple[str, ...]], Any] = {}  # counters, histograms
         self._state_gauges(r, state)
         self.started = time.time()
         self.totals = {"requests_routed": 0, "requests_ended": 0, "tokens_relayed": 0}
@@ -170,7 +173,7 @@ class RouterMetrics:
         """A worker was chosen for ``req`` among ``views`` (the candidates)."""
         chosen = next((v for v in views if v.id == decision.worker_id), None)
         self.decision.observe(elapsed_s)
-        self.routed.labels(decision.worker_id, policy).inc()
+        self._of(self.routed, decision.worker_id, policy).inc()
         self.totals["requests_routed"] += 1
         self.recent.append(
             {
@@ -187,51 +190,77 @@ class RouterMetrics:
         )
 
     def on_tokens(self, worker_id: str, n: int) -> None:
-        self.generation_tokens.labels(worker_id).inc(n)
+        self._of(self.generation_tokens, worker_id).inc(n)
         self.totals["tokens_relayed"] += n
 
     def on_done(self, policy: str, finish_reason: str, stats: dict[str, Any]) -> None:
         """A request finished on a worker; ``stats`` are the Done stats sent to the client."""
         self.on_outcome(policy, finish_reason)
         worker = str(stats.get("worker") or "")
-        self.prompt_tokens.labels(worker).inc(_num(stats.get("prompt_tokens")))
-        self.cached_tokens.labels(worker).inc(_num(stats.get("cached_tokens")))
+        self._of(self.prompt_tokens, worker).inc(_num(stats.get("prompt_tokens")))
+        self._of(self.cached_tokens, worker).inc(_num(stats.get("cached_tokens")))
         if stats.get("ttft_s") is not None:
-            self.ttft.labels(worker).observe(_num(stats["ttft_s"]))
-        self.e2e.labels(worker).observe(_num(stats.get("e2e_s")))
-        self.queue.labels(worker).observe(_num(stats.get("queue_s")))
+            self._of(self.ttft, worker).observe(_num(stats["ttft_s"]))
+        self._of(self.e2e, worker).observe(_num(stats.get("e2e_s")))
+        self._of(self.queue, worker).observe(_num(stats.get("queue_s")))
 
     def on_outcome(self, policy: str, outcome: str) -> None:
         """A request ended: ``outcome`` is a finish reason or an error code."""
-        self.requests.labels(outcome, policy or "none").inc()
+        self._of(self.requests, outcome, policy or "none").inc()
         self.totals["requests_ended"] += 1
 
     def on_rejected(self, source: str, code: str) -> None:
         self.rejected.labels(source, code).inc()
 
+    def _of(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once per label set: ``labels``
+        validates and locks on every call, several times per request."""
+        key = (id(metric), labels)
+        child = self._counters.get(key)
+        if child is None:
+            child = self._counters[key] = metric.labels(*labels)
+        return child
+
     def on_heartbeat(self, w: WorkerState, priced: Rates) -> None:
-        """Per-worker gauges from a heartbeat; ``priced``: the rates routing uses now."""
+        """Per-worker gauges from a heartbeat; ``priced``: the rates routing uses now.
+
+        Every worker heartbeats a few times a second: its gauge children are looked
+        up once (``labels`` costs more than ``set``), and the rate tables are set
+        only when they changed, at the batch sizes ``exported_batches`` names.
+        """
         hb, wid = w.heartbeat, w.id
         if hb is None:
             return
+        g = self._children.get(wid)
+        if g is None:
+            g = self._children[wid] = _WorkerGauges(
+                *(m.labels(wid) for m in self._per_worker[:7]), rates={}
+            )
         cap = hb.kv_capacity_tokens
-        self.g_active.labels(wid).set(len(hb.active))
-        self.g_queued.labels(wid).set(len(hb.queued))
-        self.g_inflight.labels(wid).set(len(w.inflight))
-        self.g_kv_used.labels(wid).set(hb.kv_used_tokens)
-        self.g_kv_cap.labels(wid).set(cap)
-        self.g_kv_usage.labels(wid).set(hb.kv_used_tokens / cap if cap else 0.0)
-        self.g_blocks.labels(wid).set(len(w.cache.held))
-        self._rates(wid, "advertised", w.info.prefill_tok_s, list(w.info.decode_tok_s))
-        self._rates(wid, "priced", priced.prefill_tok_s, list(priced.decode_tok_s))
+        g.active.set(len(hb.active))
+        g.queued.set(len(hb.queued))
+        g.inflight.set(len(w.inflight))
+        g.kv_used.set(hb.kv_used_tokens)
+        g.kv_cap.set(cap)
+        g.kv_usage.set(hb.kv_used_tokens / cap if cap else 0.0)
+        g.blocks.set(len(w.cache.held))
+        self._rates(g, wid, "advertised", w.info.prefill_tok_s, w.info.decode_tok_s)
+        self._rates(g, wid, "priced", priced.prefill_tok_s, priced.decode_tok_s)
 
-    def _rates(self, wid: str, source: str, prefill: float, decode: list[float]) -> None:
+    def _rates(
+        self, g: _WorkerGauges, wid: str, source: str, prefill: float, decode: Sequence[float]
+    ) -> None:
+        table = (prefill, tuple(decode))
+        if g.rates.get(source) == table:
+            return
+        g.rates[source] = table
         self.g_prefill.labels(wid, source).set(prefill)
-        for batch, rate in enumerate(decode, 1):
-            self.g_decode.labels(wid, source, str(batch)).set(rate)
+        for batch in exported_batches(len(decode)):
+            self.g_decode.labels(wid, source, str(batch)).set(decode[batch - 1])
 
     def on_worker_removed(self, worker_id: str) -> None:
         """Drop a departed worker's gauges (its counters stay: they are history)."""
+        self._children.pop(worker_id, None)
         for g in self._per_worker:
             for labels in [k for k in _label_sets(g) if k[0] == worker_id]:
                 g.remove(*labels)
@@ -263,3 +292,28 @@ def _label_sets(g: Gauge) -> list[tuple[str, ...]]:
 
 def _num(x: Any) -> float:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else 0.0
+
+
+def exported_batches(n: int) -> list[int]:
+    """The batch sizes of an ``n``-entry decode table that /metrics shows: powers of
+    two and ``n`` itself (9 series at max active 256, not 256 per worker and source)."""
+    sizes = {n} if n > 0 else set()
+    b = 1
+    while b < n:
+        sizes.add(b)
+        b *= 2
+    return sorted(sizes)
+
+
+@dataclass
+class _WorkerGauges:
+    """One worker's gauge children, looked up once, and the rate tables last set."""
+
+    active: Any
+    queued: Any
+    inflight: Any
+    kv_used: Any
+    kv_cap: Any
+    kv_usage: Any
+    blocks: Any
+    rates: dict[str, tuple[float, tuple[float, ...]]]

@@ -26,7 +26,7 @@ from tandem.broker.identity import RequestIds, foreign_frame, takeover_problem
 from tandem.broker.ledger import PromptBlocks, ViewCache
 from tandem.broker.liveness import Liveness, disconnect_monitor, drain_events
 from tandem.broker.metrics import RouterMetrics
-from tandem.broker.policies import NoCandidate, parse_policy
+from tandem.broker.policies import Decision, NoCandidate, parse_policy
 from tandem.broker.registry import Routed, WorkerState, ready_problem
 from tandem.broker.relay import Pending, TokenOutbox
 from tandem.broker.requests import ClientRequest, prompt_tokens, validate_submit
@@ -269,7 +269,10 @@ class Router:
         views = self.views.views(candidates, blocks)
         policy = parse_policy(f"forced:{sub.worker}") if sub.worker else self.policy
         try:
-            decision = policy.choose(rr, views)
+            if len(views) == 1 and not sub.worker:  # nothing to choose: nothing to score
+                decision = Decision(views[0].id, {})
+            else:
+                decision = policy.choose(rr, views)
         except NoCandidate as exc:
             if any(sub.worker in (w.id, w.info.device) for w in fitting):
                 return False  # the pinned worker is full: wait for it

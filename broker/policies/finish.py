@@ -55,7 +55,8 @@ class StepModel:
         # A larger batch never decodes slower in aggregate: a rate below a smaller
         # batch's is a measuring stall (a profile once said 11 tok/s at batch 2 between
         # 180 and 332), so each rate is at least the best rate of the smaller batches.
-        rates = list(itertools.accumulate((w.decode_rate(b) for b in range(1, top + 1)), max))
+        # (decode_rates[b - 1] is w.decode_rate(b) for every b <= top.)
+        rates = list(itertools.accumulate(w.decode_rates[:top] or (w.decode_rate(1),), max))
         # Seconds of a decode step at batch b = b / aggregate rate; past the table the
         # aggregate rate plateaus (the step grows linearly), as the sim device assumes.
         self.decode_s = [0.0] + [b / r for b, r in enumerate(rates, 1)]
@@ -72,11 +73,26 @@ class StepModel:
 Ahead = tuple[float, list[_Row], StepModel]
 
 
+_MODELS: dict[tuple, StepModel] = {}  # by rates: a worker's view changes with each request
+
+
+def step_model(w: WorkerView) -> StepModel:
+    """``StepModel(w)``, shared by every view with the same rates (each assignment
+    makes a new view, and a model of 256 batch sizes costs more than its lookup)."""
+    key = (w.prefill_rate, w.decode_rates, w.max_active, getattr(w, "step_overhead_s", 0.0))
+    model = _MODELS.get(key)
+    if model is None:
+        if len(_MODELS) >= 4096:
+            _MODELS.clear()
+        model = _MODELS[key] = StepModel(w)
+    return model
+
+
 def drain_ahead(w: WorkerView) -> Ahead:
     """(seconds, active rows) at the step in which a request queued now would be
     admitted on ``w``: the queue ahead of it drained and a slot free. Whatever the
     new request is, this part of the future is the same (FIFO: nothing overtakes)."""
-    model = StepModel(w)
+    model = step_model(w)
     active = [_Row(x.prefill_remaining, x.decode_remaining) for x in w.active]
     active = [r for r in active if not (r.decoding and r.decode_left <= 0)]
     queue = deque(_Row(x.prefill_remaining, x.decode_remaining) for x in w.queued)
@@ -130,35 +146,30 @@ def predict_finish_s(req: RouteRequest, w: WorkerView, ahead: Ahead | None = Non
 class FinishTime:
     """Predicted finish time of the new request on each worker (see the module docstring).
 
-    The drain of each worker's queue ahead of a new request does not depend on the
+    The drain of a worker's queue ahead of a new request does not depend on the
     request, and between two decisions of a burst only the chosen worker's view
-    changes: drains are memoized by view (the cached-prefix count aside), the last
-    ``MEMO`` of them.
+    changes: each view keeps its drain, and the predictions made from it by the
+    request's uncached prompt tokens and output budget (a burst of one shape asks
+    the same question of every worker it did not change), in ``WorkerView.memo``,
+    which lives until the worker changes. Memoized answers are the numbers the
+    computation gives: decisions do not change.
     """
 
     name = "finish_time"
-    MEMO = 1024
-
-    def __init__(self) -> None:
-        self._ahead: dict[tuple, Ahead] = {}
+    PER_VIEW = 64  # distinct questions kept per view
 
     def choose(self, req: RouteRequest, workers: list[WorkerView]) -> Decision:
-        return tie_break(workers, {w.id: predict_finish_s(req, w, self._drain(w)) for w in workers})
-
-    def _drain(self, w: WorkerView) -> Ahead:
-        overhead = getattr(w, "step_overhead_s", 0.0)
-        key = (
-            w.prefill_rate,
-            w.decode_rates,
-            w.max_active,
-            w.step_tokens,
-            overhead,
-            w.active,
-            w.queued,
-        )
-        hit = self._ahead.get(key)
-        if hit is None:
-            if len(self._ahead) >= self.MEMO:
-                self._ahead.pop(next(iter(self._ahead)))  # oldest first (dicts keep order)
-            hit = self._ahead[key] = drain_ahead(w)
-        return hit
+        scores: dict[str, float] = {}
+        prompt, budget = req.prompt_tokens, req.max_tokens
+        for w in workers:  # once per worker per request: kept to a few lookups
+            memo = w.memo.get("finish_time")
+            if memo is None:
+                memo = w.memo["finish_time"] = (drain_ahead(w), {})
+            question = (max(1, prompt - w.cached_tokens), budget)
+            got = memo[1].get(question)
+            if got is None:
+                if len(memo[1]) >= self.PER_VIEW:
+                    memo[1].clear()
+                got = memo[1][question] = predict_finish_s(req, w, memo[0])
+            scores[w.id] = got
+        return tie_break(workers, scores)

@@ -8,9 +8,10 @@ candidate (lower is better) so decisions can be logged and explained.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,24 @@ class WorkerView:
     step_tokens: int = 256  # the worker's per-step token budget (Ready.step_tokens)
 
     # Cached per view: the router reuses a view across decisions until the worker changes.
+    @cached_property
+    def memo(self) -> dict[str, Any]:
+        """Scratch space for policies, as long-lived as this view (so: until the worker
+        changes); ``with_cached`` copies share it. Only what follows from the view's
+        own fields may be kept here."""
+        return {}
+
+    def with_cached(self, cached_tokens: int) -> WorkerView:
+        """This view for a prompt of which the worker holds ``cached_tokens``: a shallow
+        copy (``dataclasses.replace`` re-runs ``__init__``: 10 us per view per decision),
+        sharing every cached property, none of which depends on the prompt."""
+        if cached_tokens == self.cached_tokens:
+            return self
+        _ = self.memo  # made before the copy, so that the copy shares it
+        view = copy.copy(self)
+        object.__setattr__(view, "cached_tokens", cached_tokens)
+        return view
+
     @cached_property
     def n_requests(self) -> int:
         return len(self.active) + len(self.queued)

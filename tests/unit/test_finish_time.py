@@ -112,6 +112,33 @@ def test_memoized_drains_give_the_same_scores():
         assert policy.choose(req, [view]).scores["gpu"] == predict_finish_s(req, view)
 
 
+def test_answers_kept_on_a_view_are_what_a_fresh_prediction_says():
+    """Each view keeps its drain and its answers by (uncached prompt, budget); copies
+    for other cached prefixes share them. Over random loads, prompts and budgets, every
+    memoized score equals a prediction made from scratch, and a changed worker (a new
+    view) is never answered from the old one's memo."""
+    rng = random.Random(7)
+    policy = FinishTime()
+    views = []
+    for i in range(6):
+        loads = tuple(Load(rng.choice([0, 0, 40, 300]), rng.randint(1, 120)) for _ in range(5))
+        views.append(WorkerView(f"w{i}", 2551.0, tuple(GPU.decode_tok_s()), 4,
+                                active=loads[:3], queued=loads[3:]))  # fmt: skip
+    for _ in range(200):
+        req = RouteRequest(rng.choice([100, 516]), rng.choice([16, 128]))
+        offered = [v.with_cached(rng.choice([0, 0, 64, 512])) for v in views]
+        got = policy.choose(req, offered).scores
+        assert got == {v.id: predict_finish_s(req, v) for v in offered}
+        if rng.random() < 0.2:  # a worker changed: the router builds a new view
+            k = rng.randrange(len(views))
+            old = views[k]
+            views[k] = WorkerView(old.id, 2551.0, old.decode_rates, 4,
+                                  active=old.active + (Load(0, 9),), queued=old.queued)  # fmt: skip
+    shared = views[0].with_cached(64)
+    policy.choose(RouteRequest(516, 16), [shared])
+    assert views[0].memo is shared.memo and "finish_time" in views[0].memo
+
+
 def test_adding_to_a_busy_gpu_costs_its_real_batch_step():
     """A GPU at batch 8 (its cap) makes a new request wait for a slot; a ninth row is
     not priced at the batch-8 rate as if it came for free."""

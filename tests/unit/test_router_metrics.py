@@ -71,3 +71,20 @@ def test_a_departed_worker_loses_its_gauges_but_not_its_counters(h: Harness) -> 
         value(h, "tandem_worker_prefill_tokens_per_second", worker="a", source="advertised") is None
     )
     assert value(h, "tandem_requests_routed_total", worker="a", policy="phase_cost") == 1
+
+
+def test_a_wide_worker_exports_a_bounded_rate_table(h: Harness) -> None:
+    # max active 256: /metrics shows batches 1, 2, 4 ... 256 per source, not 256 series
+    h.add_worker("a", (100.0, [50.0 + b for b in range(8)]), max_active=256)
+    h.heartbeat("a", 1)
+    h.heartbeat("a", 2)  # unchanged rates: nothing is set again, nothing is lost
+    samples = [
+        s
+        for m in h.router.metrics.registry.collect()
+        if m.name == "tandem_worker_decode_tokens_per_second"
+        for s in m.samples
+        if s.labels["worker"] == "a" and s.labels["source"] == "priced"
+    ]
+    assert sorted(int(s.labels["batch"]) for s in samples) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert value(h, "tandem_worker_decode_tokens_per_second",
+                 worker="a", source="advertised", batch="8") == 57.0  # fmt: skip
