@@ -85,9 +85,18 @@ def null_worker(address: str, mode: str, stop: Any) -> None:
                     active[rid] = [n, p.encode(p.TokenDelta(rid, [7], "x"))]
                 elif _resend(msg) is not None:
                     sock.send(p.encode(ready("null", spec, with_spec=bool(_resend(msg)))))
-        for rid in list(active):  # one step: one token frame per active request
+        if not active:
+            continue
+        # One step: a token for every active request, in one frame as a worker's I/O
+        # thread sends what the engine emitted together (workers/io.py), then the Dones.
+        rids = list(active)
+        if len(rids) == 1:
+            sock.send(active[rids[0]][1])
+        else:
+            n = len(rids)
+            sock.send(p.encode(p.StepTokens(rids, [[7]] * n, ["x"] * n)))
+        for rid in rids:
             state = active[rid]
-            sock.send(state[1])
             state[0] -= 1
             if state[0] == 0:
                 del active[rid]

@@ -148,6 +148,8 @@ def _drive(sock: zmq.Socket, frames: list[bytes], window: int) -> tuple[float, i
             kind = msg.get("type")
             if kind == "tokens":
                 tokens += len(msg["token_ids"])
+            elif kind == "step_tokens":  # direct and plain relay: the worker's own frames
+                tokens += sum(map(len, msg["token_ids"]))
             elif kind in ("done", "error"):
                 latencies.append(time.perf_counter() - sent_at.pop(msg["request_id"]))
     return time.perf_counter() - t0, tokens, latencies

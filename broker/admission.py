@@ -86,11 +86,6 @@ class Admission:
             f"{self.retry_after_s(n_pending):.1f}s",
         )
 
-    def full_problem_for(self, sub: p.Submit, pending: list[p.Submit]) -> p.Problem | None:
-        """``full_problem`` for ``sub`` joining ``pending`` (O(pending), which is bounded)."""
-        units = prompt_units(sub) + sum(prompt_units(s) for s in pending)
-        return self.full_problem(len(pending), units)
-
     def error(self, problem: p.Problem, sub: p.Submit, n_pending: int) -> p.Error:
         """The reply refusing ``sub``; ``overloaded`` carries the retry hint."""
         retry = None

@@ -237,13 +237,17 @@ class RouterMetrics:
                 *(m.labels(wid) for m in self._per_worker[:7]), rates={}
             )
         cap = hb.kv_capacity_tokens
-        g.active.set(len(hb.active))
-        g.queued.set(len(hb.queued))
-        g.inflight.set(len(w.inflight))
-        g.kv_used.set(hb.kv_used_tokens)
-        g.kv_cap.set(cap)
-        g.kv_usage.set(hb.kv_used_tokens / cap if cap else 0.0)
-        g.blocks.set(len(w.cache.held))
+        now = (len(hb.active), len(hb.queued), len(w.inflight), hb.kv_used_tokens, cap,
+               len(w.cache.held))  # fmt: skip
+        if now != g.last:  # an idle worker's heartbeats change nothing here
+            g.last = now
+            g.active.set(now[0])
+            g.queued.set(now[1])
+            g.inflight.set(now[2])
+            g.kv_used.set(hb.kv_used_tokens)
+            g.kv_cap.set(cap)
+            g.kv_usage.set(hb.kv_used_tokens / cap if cap else 0.0)
+            g.blocks.set(now[5])
         self._rates(g, wid, "advertised", w.info.prefill_tok_s, w.info.decode_tok_s)
         self._rates(g, wid, "priced", priced.prefill_tok_s, priced.decode_tok_s)
 
@@ -317,3 +321,4 @@ class _WorkerGauges:
     kv_usage: Any
     blocks: Any
     rates: dict[str, tuple[float, tuple[float, ...]]]
+    last: tuple[int, ...] = ()  # the values last set

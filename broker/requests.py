@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,3 +123,51 @@ def prompt_tokens(sub: p.Submit, tokenizer: TextTokenizer | None) -> list[int]:
     if not tokens:
         raise ValueError("the prompt is empty")
     return tokens
+
+
+class PendingQueue(deque):
+    """The router's queue of requests waiting for a worker, with what admission asks
+    of it on every submit kept as it changes: which (client, request id) keys wait
+    there and the prompt units they hold (broker/admission.prompt_units). Without
+    them each submit walked the queue twice."""
+
+    def __init__(self, units: Callable[[p.Submit], int]) -> None:
+        super().__init__()
+        self._units_of = units
+        self.keys: Counter[tuple[bytes, str]] = Counter()
+        self.units = 0
+
+    def _add(self, req: ClientRequest) -> None:
+        self.keys[(req.client, req.submit.request_id)] += 1
+        self.units += self._units_of(req.submit)
+
+    def _drop(self, req: ClientRequest) -> None:
+        key = (req.client, req.submit.request_id)
+        self.keys[key] -= 1
+        if self.keys[key] <= 0:
+            del self.keys[key]
+        self.units -= self._units_of(req.submit)
+
+    def append(self, req: ClientRequest) -> None:
+        super().append(req)
+        self._add(req)
+
+    def appendleft(self, req: ClientRequest) -> None:
+        super().appendleft(req)
+        self._add(req)
+
+    def extendleft(self, reqs: Iterable[ClientRequest]) -> None:
+        for req in reqs:
+            self.appendleft(req)
+
+    def popleft(self) -> ClientRequest:
+        req = super().popleft()
+        self._drop(req)
+        return req
+
+    def remove(self, req: ClientRequest) -> None:
+        super().remove(req)
+        self._drop(req)
+
+    def __contains__(self, key: object) -> bool:  # a (client, request id) key
+        return key in self.keys

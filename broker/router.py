@@ -12,13 +12,12 @@ import gc
 import logging
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
-from tandem.broker.admission import WORKER_FRAME_BYTES, Admission
+from tandem.broker.admission import WORKER_FRAME_BYTES, Admission, prompt_units
 from tandem.broker.calibration import Calibration
 from tandem.broker.config import RouterConfig
 from tandem.broker.decisions import DecisionLog, decision_record
@@ -29,7 +28,7 @@ from tandem.broker.metrics import RouterMetrics
 from tandem.broker.policies import Decision, NoCandidate, parse_policy
 from tandem.broker.registry import Routed, WorkerState, ready_problem
 from tandem.broker.relay import Pending, TokenOutbox
-from tandem.broker.requests import ClientRequest, prompt_tokens, validate_submit
+from tandem.broker.requests import ClientRequest, PendingQueue, prompt_tokens, validate_submit
 from tandem.common import auth
 from tandem.common import protocol as p
 from tandem.common.tokenizer import TextTokenizer, TokenizerSpec
@@ -38,6 +37,7 @@ from tandem.common.transport import RouterSocket
 log = logging.getLogger(__name__)
 
 EXPIRE_EVERY_S = 0.1  # liveness is checked at most this often (it walks every worker)
+IDLE_GATHER_MS = 20  # with nothing in flight, heartbeats wait this long to be read together
 SPEC_ASK_EVERY_S = 1.0  # a fresh router asks one worker per second for the tokenizer spec
 
 
@@ -46,7 +46,9 @@ class Router:
     cfg: RouterConfig
     workers: dict[str, WorkerState] = field(default_factory=dict)
     requests: dict[str, ClientRequest] = field(default_factory=dict)  # by worker-side id
-    pending: deque[ClientRequest] = field(default_factory=deque)  # waiting for any worker
+    pending: PendingQueue = field(
+        default_factory=lambda: PendingQueue(prompt_units)
+    )  # for any worker
     tokenizer: TextTokenizer | None = None
     model: str | None = None
     weights: str = ""  # the first worker's weights digest ("" unknown)
@@ -90,6 +92,8 @@ class Router:
             self.policy.name,
         )
         poller.register(self._monitor, zmq.POLLIN)
+        client_wake = zmq.Poller()
+        client_wake.register(self.client_sock.sock, zmq.POLLIN)
         more, frozen_at = False, -1
         try:
             while not stop.is_set():
@@ -100,6 +104,11 @@ class Router:
                     gc.freeze()
                     frozen_at = len(self.workers)
                 poller.poll(timeout=0 if more else 100)
+                if not (more or self.requests or self.pending):
+                    # Idle: what woke us is heartbeats (or a client). Let heartbeats
+                    # gather for a moment, waking at once for a client: one turn then
+                    # handles many, and the per-turn and cold-cache costs are shared.
+                    client_wake.poll(timeout=IDLE_GATHER_MS)
                 start = time.monotonic()
                 more = self.turn()
                 self.liveness.turn_took(start, time.monotonic())
@@ -180,12 +189,13 @@ class Router:
     def submit(self, identity: bytes, msg: p.Submit) -> None:
         key = (identity, msg.request_id)
         problem = validate_submit(msg) or self.admission.prompt_problem(msg)
-        if problem is None and (key in self._by_client or self._is_pending(key)):
+        if problem is None and (key in self._by_client or key in self.pending):
             problem = p.Problem(
                 p.DUPLICATE_REQUEST, f"request id {msg.request_id!r} is already in flight"
             )
         if problem is None:
-            problem = self.admission.full_problem_for(msg, [r.submit for r in self.pending])
+            units = prompt_units(msg) + self.pending.units
+            problem = self.admission.full_problem(len(self.pending), units)
         if problem:
             self.client_sock.send(identity, self.admission.error(problem, msg, len(self.pending)))
             return
@@ -206,9 +216,6 @@ class Router:
             return  # unknown or finished: cancel is idempotent
         req = self.requests[wid]
         self.worker_sock.send(self.workers[req.worker_id].identity, p.Cancel(wid))
-
-    def _is_pending(self, key: tuple[bytes, str]) -> bool:
-        return any((r.client, r.submit.request_id) == key for r in self.pending)
 
     # ------------------------------------------------------------ routing
     def dispatch_pending(self, limit: int | None = None) -> bool:
@@ -355,6 +362,9 @@ class Router:
             self.metrics.on_heartbeat(w, w.rates(self.cfg.calibrate))
         elif isinstance(msg, p.TokenDelta | p.Done | p.Error):
             self.relay(w, msg)
+        elif isinstance(msg, p.StepTokens):  # several requests' deltas in one frame
+            for delta in msg.deltas():
+                self.relay(w, delta)
         elif isinstance(msg, p.Goodbye):
             self._drop_worker(w, "said goodbye")
         else:

@@ -27,7 +27,8 @@ from tandem.common.codec import FieldError, codec_for
 from tandem.common.errors import ErrorCode, Problem
 from tandem.common.validation import message_problem
 
-PROTOCOL_VERSION = 3  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds
+PROTOCOL_VERSION = 4  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds;
+# 4: step_tokens (a worker that batches its deltas must not meet a router that cannot read them)
 
 
 class FinishReason(StrEnum):
@@ -206,6 +207,25 @@ class TokenDelta(Message):
 
 
 @dataclass
+class StepTokens(Message):
+    """Worker -> router: the token deltas of several requests in one frame, as a
+    worker's I/O thread found them waiting together (one engine step's, usually):
+    entry i is ``TokenDelta(request_ids[i], token_ids[i], texts[i])``. The router
+    relays each to its client as that TokenDelta; clients never see this frame."""
+
+    TYPE: ClassVar[str] = "step_tokens"
+    request_ids: list[str]
+    token_ids: list[list[int]]
+    texts: list[str]
+
+    def deltas(self) -> list[TokenDelta]:
+        return [
+            TokenDelta(r, t, x)
+            for r, t, x in zip(self.request_ids, self.token_ids, self.texts, strict=True)
+        ]
+
+
+@dataclass
 class Done(Message):
     """End of a request's stream. ``stats`` keys: see docs/PROTOCOL.md."""
 
@@ -327,6 +347,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         StatusReply,
         Accepted,
         TokenDelta,
+        StepTokens,
         Done,
         Error,
         Ready,

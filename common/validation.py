@@ -27,7 +27,8 @@ MAX_RATE_TOK_S = 1e9
 HEARTBEAT_S = (0.01, 60.0)  # a worker's period: a 1e9 s period would never expire
 MAX_COUNT = 1 << 40  # token counters in heartbeats
 MAX_ROWS = 1 << 16  # requests one heartbeat may list
-MAX_TOKENS_PER_FRAME = 1 << 16  # token ids in one TokenDelta
+MAX_TOKENS_PER_FRAME = 1 << 16  # token ids in one TokenDelta (and in all of a StepTokens)
+MAX_DELTAS_PER_FRAME = 1 << 12  # requests in one StepTokens
 MAX_TOKEN_ID = 1 << 31
 MAX_TEXT_CHARS = 1 << 20
 MAX_STATS_KEYS = 64
@@ -196,6 +197,25 @@ def _tokens(m: p.TokenDelta) -> Problem | None:
     )
 
 
+def _step_tokens(m: p.StepTokens) -> Problem | None:
+    n = len(m.request_ids)
+    if not (len(m.token_ids) == n == len(m.texts)):
+        return _bad(
+            f"step_tokens: {n} request_ids, {len(m.token_ids)} token_ids lists and "
+            f"{len(m.texts)} texts (one of each per request)"
+        )
+    if n > MAX_DELTAS_PER_FRAME:
+        return _within("len(request_ids)", n, 0, MAX_DELTAS_PER_FRAME)
+    total = sum(map(len, m.token_ids))
+    if total > MAX_TOKENS_PER_FRAME:
+        return _within("token ids in the frame", total, 0, MAX_TOKENS_PER_FRAME)
+    for delta in m.deltas():
+        problem = _tokens(delta)
+        if problem is not None:
+            return problem
+    return None
+
+
 def _assign(m: p.Assign) -> Problem | None:
     return _first(
         _id_problem("request_id", m.request_id),
@@ -223,6 +243,7 @@ _CHECKS: dict[str, Check] = {  # by message tag
     "heartbeat": _heartbeat,
     "done": _done,
     "tokens": _tokens,
+    "step_tokens": _step_tokens,
     "assign": _assign,
     "submit": _submit,
     "error": _error,

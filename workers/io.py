@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 
+import msgpack
 import zmq
 
 from tandem.common import protocol as p
@@ -29,7 +30,8 @@ from tandem.common.transport import DealerSocket, Setup, context, monitor_socket
 
 log = logging.getLogger(__name__)
 
-_HB, _MSG = b"hb", b"msg"
+_HB, _MSG, _TOK = b"hb", b"msg", b"tok"
+MAX_COALESCED = 1024  # token deltas per StepTokens frame (protocol bound: 4096)
 READY_BACKOFF_MAX_S = 5.0
 WORKER_FRAME_BYTES = 64 << 20  # an Assign of the largest prompt fits with room
 # A wrong router key shows as NO_DETAIL (its hello cannot be decrypted), a key
@@ -80,9 +82,12 @@ class WorkerLink:
             push.setsockopt(zmq.LINGER, 0)
             push.setsockopt(zmq.SNDHWM, 0)  # unbounded: tokens are never dropped here
             push.connect(self._pipe_addr)
-        kind = _HB if isinstance(msg, p.Heartbeat) else _MSG
+        if isinstance(msg, p.TokenDelta):  # fields only: the I/O thread frames them
+            kind, body = _TOK, msgpack.packb((msg.request_id, msg.token_ids, msg.text))
+        else:
+            kind, body = (_HB if isinstance(msg, p.Heartbeat) else _MSG), p.encode(msg)
         try:
-            push.send_multipart([kind, p.encode(msg)], flags=zmq.NOBLOCK)
+            push.send_multipart([kind, body], flags=zmq.NOBLOCK)
         except zmq.Again:  # the I/O thread is gone (shutting down): nobody to tell
             log.debug("dropped %s after the I/O thread stopped", msg.TYPE)
 
@@ -109,17 +114,35 @@ class WorkerLink:
                     next_ready, backoff_s = now + backoff_s, min(backoff_s * 2, READY_BACKOFF_MAX_S)
                 events = dict(poller.poll(timeout=int(hb_s * 250)))
                 if self._pull in events:
-                    while self._pull.poll(0):
-                        kind, frame = self._pull.recv_multipart()
+                    # Token deltas waiting together leave as one StepTokens frame (the
+                    # router's cost is per frame); anything else is sent after the
+                    # deltas before it, so a request's Done never overtakes its tokens.
+                    deltas: list[tuple[str, list[int], str]] = []
+                    while True:
+                        try:
+                            kind, frame = self._pull.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
                         last_heard = time.monotonic()
                         if stalled:
                             log.warning("the compute thread is back")
                             stalled = False
+                        if kind == _TOK:
+                            deltas.append(msgpack.unpackb(frame))
+                            if len(deltas) >= MAX_COALESCED:
+                                dealer.send(token_frame(deltas))
+                                deltas = []
+                            continue
+                        if deltas:
+                            dealer.send(token_frame(deltas))
+                            deltas = []
                         if kind == _HB:
                             last_hb = frame
                         if kind == _MSG or self.registered.is_set():
                             dealer.sock.send(frame)
                             last_sent = time.monotonic() if kind == _HB else last_sent
+                    if deltas:
+                        dealer.send(token_frame(deltas))
                 if dealer.sock in events:
                     while dealer.poll(0):
                         if self._dispatch(dealer.recv()):
@@ -185,6 +208,15 @@ class WorkerLink:
         else:
             log.warning("worker ignores %s from router", msg.TYPE)
         return False
+
+
+def token_frame(deltas: list[tuple[str, list[int], str]]) -> p.TokenDelta | p.StepTokens:
+    """One frame for ``deltas`` (request id, token ids, text), in order: a TokenDelta
+    when there is one, else a StepTokens."""
+    if len(deltas) == 1:
+        return p.TokenDelta(*deltas[0])
+    rids, ids, texts = (list(x) for x in zip(*deltas, strict=True))
+    return p.StepTokens(rids, ids, texts)
 
 
 def start_link(link: WorkerLink, stop: threading.Event) -> threading.Thread:

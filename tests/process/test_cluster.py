@@ -40,7 +40,9 @@ def test_streaming_yields_deltas_that_add_up_to_the_result(cluster):
         s = c.stream("Write a short poem about the sea.", max_tokens=16, ignore_eos=True)
         deltas = list(s)
         result = s.result
-    assert len(deltas) == 16
+    # Tokens that reach the router together (one worker frame, one drain) travel
+    # together: a delta holds one token or more, never none but a text tail's.
+    assert 1 <= len(deltas) <= 16 and sum(len(d.token_ids) for d in deltas) == 16
     assert "".join(d.text for d in deltas) == result.text
     assert [t for d in deltas for t in d.token_ids] == result.token_ids
     st = result.stats

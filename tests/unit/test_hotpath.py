@@ -58,6 +58,37 @@ def test_a_lone_delta_is_relayed_in_the_same_drain(h: Harness) -> None:
         assert isinstance(msg, p.TokenDelta) and msg.token_ids == [i]
 
 
+def test_a_step_tokens_frame_reaches_each_client_as_its_own_deltas(h: Harness) -> None:
+    h.add_worker("a", RATES)
+    h.submit("r1", list(range(1, 40)))
+    h.submit("r2", list(range(2, 40)))
+    wid1, wid2 = h.assigned("a").request_id, h.assigned("a").request_id
+    sock = h.workers["a"]
+    sock.send(p.StepTokens([wid1, wid2], [[10], [20]], ["<0>", "[0]"]))
+    sock.send(p.StepTokens([wid2, wid1], [[21], [11]], ["[1]", "<1>"]))
+    h.pump()
+    got = {m.request_id: (m.token_ids, m.text) for m in _client_msgs(h)}
+    assert got == {"r1": ([10, 11], "<0><1>"), "r2": ([20, 21], "[0][1]")}
+
+
+def test_a_malformed_step_tokens_frame_is_refused_and_relays_nothing(h: Harness) -> None:
+    h.add_worker("a", RATES)
+    h.submit("r1", list(range(1, 40)))
+    wid = h.assigned("a").request_id
+    sock = h.workers["a"]
+    sock.send(p.StepTokens([wid, wid], [[10]], ["x", "y"]))  # two ids, one token list
+    sock.send(p.StepTokens([wid], [[-5]], ["x"]))  # a negative token id
+    h.pump()
+    errors = [h.recv(sock), h.recv(sock)]
+    assert all(isinstance(e, p.Error) and e.code == p.BAD_REQUEST for e in errors)
+    assert "one of each per request" in errors[0].message and "token id" in errors[1].message
+    assert _client_msgs(h) == []
+    sock.send(p.StepTokens([wid], [[7]], ["ok"]))  # the router is still serving
+    h.pump()
+    (msg,) = _client_msgs(h)
+    assert (msg.token_ids, msg.text) == ([7], "ok")
+
+
 # ------------------------------------------------------------ tokenizer once
 def _ready(h: Harness, wid: str, with_spec: bool, spec_hash: str | None = None) -> p.Ready:
     named = p.tokenizer_hash(h.spec) if spec_hash is None else spec_hash
@@ -109,3 +140,27 @@ def test_cached_views_equal_views_built_from_scratch(tmp_path: Path) -> None:
                 assert cached.backlog == dataclasses.replace(fresh).backlog
     finally:
         h.close()
+
+
+# ------------------------------------------------------------ pending queue
+def test_the_pending_queue_keeps_its_keys_and_units_as_it_changes() -> None:
+    from tandem.broker.admission import prompt_units
+    from tandem.broker.requests import ClientRequest, PendingQueue
+
+    rng = random.Random(3)
+    q = PendingQueue(prompt_units)
+    for _ in range(400):
+        op = rng.choice(["append", "appendleft", "popleft", "remove", "extendleft"])
+        sub = p.Submit(f"r{rng.randrange(30)}", tokens=[1] * rng.randrange(1, 50))
+        req = ClientRequest(rng.choice([b"a", b"b"]), sub, 0.0)
+        if op in ("append", "appendleft"):
+            getattr(q, op)(req)
+        elif op == "extendleft":
+            q.extendleft([req, ClientRequest(b"c", sub, 0.0)])
+        elif q and op == "popleft":
+            q.popleft()
+        elif q:
+            q.remove(rng.choice(list(q)))
+        keys = {(r.client, r.submit.request_id) for r in q}
+        assert set(q.keys) == keys and all((k in q) for k in keys)
+        assert q.units == sum(prompt_units(r.submit) for r in q)

@@ -25,6 +25,7 @@ EXAMPLES = [
     p.StatusReply("round_robin", [{"id": "w"}], 2),
     p.Accepted("r1", "cpu0", 12, 8),
     p.TokenDelta("r1", [5, 6], "ab"),
+    p.StepTokens(["r1", "r2"], [[5], [6, 7]], ["a", "bc"]),
     p.Done("r1", p.FinishReason.LENGTH, {"ttft_s": 0.1, "worker": "cpu0"}),
     p.Error(p.BAD_REQUEST, "nope", "r1"),
     p.Error(p.BAD_FRAME, "nope"),

@@ -52,3 +52,31 @@ def test_heartbeats_are_repeated_for_a_busy_compute_thread_but_not_a_stuck_one()
         stop.set()
         thread.join(timeout=2)
         router.close()
+
+
+def test_waiting_token_deltas_leave_as_one_frame_and_never_overtake_a_done() -> None:
+    """Deltas emitted while the I/O thread is away (here: not started yet) are found
+    waiting together: they go out as one StepTokens, in order, and the Done emitted
+    after them follows them instead of overtaking them."""
+    address = f"inproc://link-{uuid.uuid4().hex}"
+    router = RouterSocket(address)
+    ready = p.Ready("w", "sim", "sim-w", "m.gguf", 4, 8192, 16, 100.0, [50.0], HB_S,
+                    tiny_tokenizer())  # fmt: skip
+    link = WorkerLink(address, ready, queue.Queue())
+    first = [p.TokenDelta(f"r{i % 3}", [i], f"t{i}") for i in range(7)]
+    done = p.Done("r0", p.FinishReason.LENGTH, {"output_tokens": 3})
+    for msg in [*first, done, p.TokenDelta("r1", [99], "!")]:
+        link.emit(msg)
+    stop = threading.Event()
+    thread = start_link(link, stop)
+    try:
+        frames = []
+        while len(frames) < 4 and router.sock.poll(2000):
+            frames.append(router.recv()[1])
+        assert [type(m) for m in frames] == [p.Ready, p.StepTokens, p.Done, p.TokenDelta]
+        assert frames[1].deltas() == first
+        assert frames[2] == done and frames[3] == p.TokenDelta("r1", [99], "!")
+    finally:
+        stop.set()
+        thread.join(timeout=2)
+        router.close()
