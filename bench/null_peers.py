@@ -178,7 +178,8 @@ def heartbeat_swarm(address: str, n_workers: int, spec: dict[str, Any], stop: An
                 due[i] = max(due[i] + HEARTBEAT_S, now)
                 if seq[i] == 0:  # the first report is a full (empty) listing, then no changes
                     seq[i], cache = 1, {"full": True, "seq": 1, "blocks": []}
-                else:
+                else:  # nothing new: the same seq and bytes each time, as an idle worker's
+                    seq[i] = 2
                     cache = {"full": False, "base": 1, "seq": 1, "added": [], "removed": []}
                 hb = p.Heartbeat(f"swarm-{i}", seq[i], [], [], 0, 1 << 20, cache)
                 s.send(p.encode(hb))

@@ -78,6 +78,7 @@ class Router:
         self._spec_asked_at = -SPEC_ASK_EVERY_S
         self._by_client: dict[tuple[bytes, str], str] = {}
         self._by_identity: dict[bytes, str] = {}  # worker socket identity -> worker id
+        self._hb_frames: dict[bytes, bytes] = {}  # identity -> its last heartbeat's bytes
         self._expiry_at = 0.0  # monotonic time of the next liveness walk
 
     # ------------------------------------------------------------ loop
@@ -133,29 +134,62 @@ class Router:
         if self.liveness.probe_due(now):
             self._probe_workers()
         # Workers first: finishing requests frees capacity for new ones.
-        if self._drain(self.worker_sock, self.on_worker, limit=100_000) and now >= self._expiry_at:
+        if self.drain_workers() and now >= self._expiry_at:
             self.expire_workers()  # it walks every worker: not more often than EXPIRE_EVERY_S
             self._expiry_at = now + EXPIRE_EVERY_S
         adm = self.cfg.admission
         more = not self._drain(self.client_sock, self.on_client, adm.client_frames_per_turn)
         return self.dispatch_pending(limit=adm.routes_per_turn) or more
 
-    def _drain(self, sock: RouterSocket, handler: Any, limit: int = 256) -> bool:
-        """Handle up to ``limit`` waiting frames; True when the socket was emptied."""
+    def drain_workers(self) -> bool:
+        """Every waiting worker frame (repeated heartbeats noted, not decoded);
+        True when the socket was emptied."""
+        return self._drain(self.worker_sock, self.on_worker, 100_000, self._same_heartbeat)
+
+    def _drain(
+        self, sock: RouterSocket, handler: Any, limit: int = 256, repeat: Any = None
+    ) -> bool:
+        """Handle up to ``limit`` waiting frames; True when the socket was emptied.
+        ``repeat(identity, frame)``: True when the frame repeats one already handled
+        (then it is not decoded again)."""
         emptied = False
         for _ in range(limit):
-            got = sock.recv_nowait()
-            if got is None:
+            parts = sock.recv_frames_nowait()
+            if parts is None:
                 emptied = True
                 break
-            identity, msg = got
+            if repeat is not None and len(parts) == 2 and repeat(parts[0], parts[1]):
+                continue
+            identity, msg = sock.parse(parts)
             try:
                 handler(identity, msg)
             except Exception:  # a bug must not take the router down with it
                 log.exception("router failed handling %r from %r", msg, identity)
+            else:
+                registered = identity in self._by_identity
+                if repeat is not None and isinstance(msg, p.Heartbeat) and registered:
+                    self._hb_frames[identity] = parts[1]
         for pending in self.outbox.take_all():  # token deltas coalesced over this drain
             self._send_tokens(pending)
         return emptied or not sock.sock.poll(0, zmq.POLLIN)
+
+    def _same_heartbeat(self, identity: bytes, frame: bytes) -> bool:
+        """A registered worker's heartbeat, byte for byte its last one (an idle worker
+        repeats its seq when nothing changed, workers/engine.py): it is alive and has
+        nothing new, so only liveness is noted. Most heartbeats of idle workers."""
+        last = self._hb_frames.get(identity)
+        if last is None or frame != last:
+            return False
+        w = self._worker_by_identity(identity)
+        if w is None or w.heartbeat is None:
+            del self._hb_frames[identity]
+            return False
+        w.last_seen = now = time.monotonic()
+        rows = w.heartbeat.active + w.heartbeat.queued
+        remaining = sum(r.prefill_remaining + r.decode_remaining for r in rows)
+        self.liveness.on_heartbeat(w.id, remaining, bool(w.inflight), now)
+        w.cache.expire(now)  # noted blocks run out on time, reported or not
+        return True
 
     # ------------------------------------------------------------ clients
     def on_client(self, identity: bytes, msg: p.Message | p.ProtocolError) -> None:
@@ -371,6 +405,7 @@ class Router:
             log.warning("worker %s sent unexpected %s", w.id, msg.TYPE)
 
     def register(self, identity: bytes, ready: p.Ready) -> None:
+        self._hb_frames.pop(identity, None)  # a new registration starts from full reports
         if self.tokenizer is None and not ready.tokenizer and ready.tokenizer_hash:
             # Ask one worker at a time for the spec; the others' Readies go unanswered
             # and come back (workers retry until welcomed), by then hash-only suffices.
@@ -483,6 +518,7 @@ class Router:
         log.warning("worker %s removed: %s", w.id, why)
         self.workers.pop(w.id, None)
         self.views.forget(w.id)
+        self._hb_frames.pop(w.identity, None)
         if self._by_identity.get(w.identity) == w.id:
             del self._by_identity[w.identity]
         self.metrics.on_worker_removed(w.id)

@@ -77,6 +77,17 @@ class RouterSocket:
         """One message, or the ProtocolError that describes why it was rejected."""
         return self._parse(self.sock.recv_multipart())
 
+    def recv_frames_nowait(self) -> list[bytes] | None:
+        """The next message's raw frames (identity first), or None when none waits."""
+        try:
+            return self.sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+
+    def parse(self, parts: list[bytes]) -> tuple[bytes, Message | ProtocolError]:
+        """``recv_frames_nowait``'s frames as ``recv`` returns them."""
+        return self._parse(parts)
+
     def recv_nowait(self) -> tuple[bytes, Message | ProtocolError] | None:
         """Like ``recv``, or None at once when nothing is waiting.
 

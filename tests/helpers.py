@@ -67,7 +67,7 @@ class Harness:
     def pump(self) -> None:
         r = self.router
         for _ in range(3):  # messages can trigger replies that trigger messages
-            r._drain(r.worker_sock, r.on_worker)
+            r.drain_workers()
             r._drain(r.client_sock, r.on_client)
             r.dispatch_pending()
 

@@ -86,6 +86,7 @@ class Engine:
         self.cache = PrefixCache(config.block_size, config.cache_tokens, config.cache_entries)
         self._changed = True
         self._hb_seq = 0
+        self._last_sent_hb: p.Heartbeat | None = None
         self._last_hb = 0.0
         self._last_full = self.clock()
         self.timer = StepTimer(config.steps_every_s, config.full_resync_s, self.clock)
@@ -329,8 +330,10 @@ class Engine:
             self._changed = False
 
     def heartbeat(self) -> p.Heartbeat:
-        self._hb_seq += 1
-        return p.Heartbeat(
+        """The worker's state; one that says nothing new keeps the last one's ``seq``,
+        so an idle worker sends the same bytes every period and the router, seeing
+        them, only notes that it is alive (broker/router.py ``_same_heartbeat``)."""
+        hb = p.Heartbeat(
             worker_id=self.worker_id,
             seq=self._hb_seq,
             active=[r.summary() for r in self.active],
@@ -340,3 +343,8 @@ class Engine:
             cache=self.cache.log.report(),
             steps=self.timer.report(),
         )
+        if hb != self._last_sent_hb:
+            self._hb_seq += 1
+            hb.seq = self._hb_seq
+            self._last_sent_hb = hb
+        return hb

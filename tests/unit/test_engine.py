@@ -331,3 +331,19 @@ def test_a_new_batch_size_is_reported_at_once_repeats_wait():
     e.maybe_heartbeat()  # the new size alone triggers it
     (hb,) = [m for m in out if isinstance(m, p.Heartbeat)]
     assert StepModel.from_wire(hb.steps).decode_batch == (1, 2)
+
+
+def test_a_heartbeat_with_nothing_new_repeats_the_last_one_byte_for_byte():
+    e, _, _ = make()
+    e.heartbeat()  # the first lists the whole (empty) cache; later ones report changes
+    first = e.heartbeat()
+    again = e.heartbeat()  # idle, nothing changed: the same seq, the same frame
+    assert again.seq == first.seq and p.encode(again) == p.encode(first)
+    e.submit(req("a", n=4, max_tokens=2))
+    queued = e.heartbeat()  # something changed: a new seq
+    assert queued.seq == first.seq + 1 and len(queued.queued) == 1
+    run_all(e)
+    after = e.heartbeat()  # finished: the cache report (and the step model) changed
+    assert after.seq == queued.seq + 1
+    settled = e.heartbeat()  # the step model is sent once, then no longer
+    assert e.heartbeat() == settled  # idle again: the same heartbeat

@@ -53,7 +53,7 @@ def test_a_lone_delta_is_relayed_in_the_same_drain(h: Harness) -> None:
     wid = h.assigned("a").request_id
     for i in range(3):  # one at a time: each drain relays what it read, nothing waits
         h.workers["a"].send(p.TokenDelta(wid, [i], str(i)))
-        h.router._drain(h.router.worker_sock, h.router.on_worker)
+        h.router.drain_workers()
         (msg,) = _client_msgs(h)
         assert isinstance(msg, p.TokenDelta) and msg.token_ids == [i]
 
@@ -164,3 +164,24 @@ def test_the_pending_queue_keeps_its_keys_and_units_as_it_changes() -> None:
         keys = {(r.client, r.submit.request_id) for r in q}
         assert set(q.keys) == keys and all((k in q) for k in keys)
         assert q.units == sum(prompt_units(r.submit) for r in q)
+
+
+# ------------------------------------------------------------ repeated heartbeats
+def test_a_repeated_heartbeat_only_says_the_worker_is_alive(h: Harness) -> None:
+    h.add_worker("a", RATES)
+    w = h.router.workers["a"]
+    hb = p.Heartbeat("a", 3, [], [], 0, 8192, {"full": True, "seq": 1, "blocks": [11, 12]})
+    h.workers["a"].send(hb)
+    h.pump()
+    version, seen = w.version, w.last_seen
+    assert w.cache.held == {11, 12}
+    h.workers["a"].send(hb)  # byte for byte the last one: not decoded, not applied
+    h.pump()
+    assert w.version == version and w.last_seen > seen
+    changed = p.Heartbeat("a", 4, [], [], 0, 8192, {"full": True, "seq": 2, "blocks": [11]})
+    h.workers["a"].send(changed)
+    h.pump()
+    assert w.version > version and w.cache.held == {11}
+    h.workers["a"].send(p.Goodbye("a"))  # gone: its last frame is forgotten with it
+    h.pump()
+    assert b"a" not in h.router._hb_frames
