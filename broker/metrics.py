@@ -234,7 +234,14 @@ class RouterMetrics:
         g = self._children.get(wid)
         if g is None:
             g = self._children[wid] = _WorkerGauges(
-                *(m.labels(wid) for m in self._per_worker[:7]), rates={}
+                self.g_active.labels(wid),
+                self.g_queued.labels(wid),
+                self.g_inflight.labels(wid),
+                self.g_kv_used.labels(wid),
+                self.g_kv_cap.labels(wid),
+                self.g_kv_usage.labels(wid),
+                self.g_blocks.labels(wid),
+                rates={},
             )
         cap = hb.kv_capacity_tokens
         now = (len(hb.active), len(hb.queued), len(w.inflight), hb.kv_used_tokens, cap,

@@ -166,8 +166,11 @@ class Router:
             except Exception:  # a bug must not take the router down with it
                 log.exception("router failed handling %r from %r", msg, identity)
             else:
-                registered = identity in self._by_identity
-                if repeat is not None and isinstance(msg, p.Heartbeat) and registered:
+                if (
+                    repeat is not None
+                    and isinstance(msg, p.Heartbeat)
+                    and identity in self._by_identity
+                ):
                     self._hb_frames[identity] = parts[1]
         for pending in self.outbox.take_all():  # token deltas coalesced over this drain
             self._send_tokens(pending)
@@ -185,11 +188,14 @@ class Router:
             del self._hb_frames[identity]
             return False
         w.last_seen = now = time.monotonic()
-        rows = w.heartbeat.active + w.heartbeat.queued
-        remaining = sum(r.prefill_remaining + r.decode_remaining for r in rows)
-        self.liveness.on_heartbeat(w.id, remaining, bool(w.inflight), now)
+        self._note_progress(w, w.heartbeat, now)
         w.cache.expire(now)  # noted blocks run out on time, reported or not
         return True
+
+    def _note_progress(self, w: WorkerState, hb: p.Heartbeat, now: float) -> None:
+        """Liveness learns the work ``hb`` lists (stuck workers list the same)."""
+        remaining = sum(r.prefill_remaining + r.decode_remaining for r in hb.active + hb.queued)
+        self.liveness.on_heartbeat(w.id, remaining, bool(w.inflight), now)
 
     # ------------------------------------------------------------ clients
     def on_client(self, identity: bytes, msg: p.Message | p.ProtocolError) -> None:
@@ -385,9 +391,7 @@ class Router:
         w.last_seen = now = time.monotonic()
         if isinstance(msg, p.Heartbeat):
             w.on_heartbeat(msg)
-            rows = msg.active + msg.queued
-            remaining = sum(r.prefill_remaining + r.decode_remaining for r in rows)
-            self.liveness.on_heartbeat(w.id, remaining, bool(w.inflight), now)
+            self._note_progress(w, msg, now)
             problem = w.update_steps(msg.steps) if msg.steps is not None else None
             if problem:  # routing goes on with the last good model
                 log.warning("worker %s sent an unusable step model: %s", w.id, problem)

@@ -129,13 +129,13 @@ class WorkerLink:
                             stalled = False
                         if kind == _TOK:
                             deltas.append(msgpack.unpackb(frame))
-                            if len(deltas) >= MAX_COALESCED:
-                                dealer.send(token_frame(deltas))
-                                deltas = []
-                            continue
+                            if len(deltas) < MAX_COALESCED:
+                                continue
                         if deltas:
                             dealer.send(token_frame(deltas))
                             deltas = []
+                        if kind == _TOK:
+                            continue
                         if kind == _HB:
                             last_hb = frame
                         if kind == _MSG or self.registered.is_set():

@@ -29,11 +29,16 @@ def _client_msgs(h: Harness) -> list[p.Message]:
 
 
 # ------------------------------------------------------------ token frames
-def test_deltas_waiting_together_reach_the_client_as_one_frame_before_done(h: Harness) -> None:
+def _two_requests_on_a(h: Harness) -> tuple[str, str]:
+    """Worker "a" registered with r1 and r2 assigned to it: their worker-side ids."""
     h.add_worker("a", RATES)
     h.submit("r1", list(range(1, 40)))
     h.submit("r2", list(range(2, 40)))
-    wid1, wid2 = h.assigned("a").request_id, h.assigned("a").request_id
+    return h.assigned("a").request_id, h.assigned("a").request_id
+
+
+def test_deltas_waiting_together_reach_the_client_as_one_frame_before_done(h: Harness) -> None:
+    wid1, wid2 = _two_requests_on_a(h)
     sock = h.workers["a"]
     for i in range(3):  # queued before the router drains: one drain sees all of them
         sock.send(p.TokenDelta(wid1, [10 + i], f"<{i}>"))
@@ -59,10 +64,7 @@ def test_a_lone_delta_is_relayed_in_the_same_drain(h: Harness) -> None:
 
 
 def test_a_step_tokens_frame_reaches_each_client_as_its_own_deltas(h: Harness) -> None:
-    h.add_worker("a", RATES)
-    h.submit("r1", list(range(1, 40)))
-    h.submit("r2", list(range(2, 40)))
-    wid1, wid2 = h.assigned("a").request_id, h.assigned("a").request_id
+    wid1, wid2 = _two_requests_on_a(h)
     sock = h.workers["a"]
     sock.send(p.StepTokens([wid1, wid2], [[10], [20]], ["<0>", "[0]"]))
     sock.send(p.StepTokens([wid2, wid1], [[21], [11]], ["[1]", "<1>"]))
