@@ -13,6 +13,17 @@ router. Per worker, with the caches seeded:
   to the latest last token.
 
 Workers are measured one after the other so they do not compete for the CPU.
+
+Served: what the router priced each worker with when a run ended (``served_rates``):
+its live step-time model of the steps the worker ran while serving, the warm-up's
+or the profile's rates only where serving never ran a batch size. Cheap (one
+status call per run) and honest about serving's own overheads, which a warm-up
+or an isolated calibration request does not pay.
+
+A worker handed at most N requests never decodes more than N rows at once, so an
+oracle over N requests takes its peak at batch ``min(N, max_active)`` where the
+rates say it by batch size (``to_worker_rates(..., jobs=N)``): the aggregate decode
+rate is non-decreasing in batch size (``common.ratefit``), so this keeps a bound.
 """
 
 from __future__ import annotations
@@ -63,18 +74,41 @@ def measure_rates(
 def advertised_rates(status_rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Rates the workers advertised in Ready (the router's own model), from a status reply."""
     return {
-        row["id"]: {
-            "prefill_tok_s": float(row["prefill_tok_s"]),
-            "decode_tok_s_1": float(row["decode_tok_s"][0]),
-            "decode_tok_s_peak": float(max(row["decode_tok_s"])),
-            "source": "advertised",
-        }
+        row["id"]: _by_batch(row["prefill_tok_s"], row["decode_tok_s"], "advertised")
         for row in status_rows
     }
 
 
-def to_worker_rates(rates: dict[str, dict[str, Any]]) -> dict[str, WorkerRates]:
+def served_rates(status_rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Rates the router priced each worker with (live steps first), from a status reply."""
+    out = {}
+    for row in status_rows:
+        rates = _by_batch(row["priced_prefill_tok_s"], row["priced_decode_tok_s"], "served")
+        rates["live_decode_tok_s"] = row.get("live_decode_tok_s")
+        rates["live_decode_samples"] = row.get("live_decode_samples")
+        out[row["id"]] = rates
+    return out
+
+
+def _by_batch(prefill: float, decode: list[float], source: str) -> dict[str, Any]:
     return {
-        w: WorkerRates(r["prefill_tok_s"], r["decode_tok_s_1"], r["decode_tok_s_peak"])
-        for w, r in rates.items()
+        "prefill_tok_s": float(prefill),
+        "decode_tok_s_1": float(decode[0]),
+        "decode_tok_s_peak": float(max(decode)),
+        "decode_tok_s": [float(x) for x in decode],
+        "source": source,
     }
+
+
+def to_worker_rates(
+    rates: dict[str, dict[str, Any]], jobs: int | None = None
+) -> dict[str, WorkerRates]:
+    """The oracle's rates; with ``jobs`` (the run's requests) the peak is taken at
+    batch ``min(jobs, max_active)`` where the rates say it by batch (module docstring)."""
+    out = {}
+    for w, r in rates.items():
+        peak = r["decode_tok_s_peak"]
+        if jobs and r.get("decode_tok_s"):
+            peak = max(r["decode_tok_s"][: max(1, jobs)])
+        out[w] = WorkerRates(r["prefill_tok_s"], r["decode_tok_s_1"], peak)
+    return out

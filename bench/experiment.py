@@ -3,6 +3,12 @@
 Per group the workers' rates are measured once (bench/calibrate.py) in a
 cluster of their own. Then each run of each policy gets a fresh cluster: start
 router + workers, seed the prefix into every worker, run the workload, stop.
+With ``reuse_workers`` a group's workers start once and serve every run; each run
+still gets a fresh router with its policy (the workers re-register with it). That
+measures a server that has been serving: the workers' step-time models hold what
+earlier runs measured (a fresh worker has only its warm-up), and a GPU worker's
+start (kernels, warm-up: most of a run's device time) is paid once per group.
+Each run ends with the router's priced rates (``served``) for a second oracle bound.
 Runs are interleaved across policies (run 1 of every policy, then run 2, ...)
 so slow drift on a shared machine hits every policy alike. Runs are never
 discarded; if a headline figure's CV exceeds 5 %, two more runs are added (once).
@@ -13,6 +19,7 @@ keeps what it measured.
 from __future__ import annotations
 
 import asyncio
+import signal
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,7 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from tandem.bench import stats
-from tandem.bench.calibrate import advertised_rates, measure_rates, to_worker_rates
+from tandem.bench.calibrate import (
+    advertised_rates,
+    measure_rates,
+    served_rates,
+    to_worker_rates,
+)
 from tandem.bench.driver import RequestRecord, run_arrivals, seed_workers
 from tandem.bench.oracle import Job, oracle_bound
 from tandem.bench.records import decisions_json, record_json
@@ -75,6 +87,7 @@ class BenchConfig:
     preset: str | None = None
     router_cpus: str | None = None  # `tandem router --cpus`: keep it off the workers' cores
     ttft_slo_s: float = 2.0  # goodput: requests whose first token came within this
+    reuse_workers: bool = False  # one set of workers per group, a fresh router per run
 
     def __post_init__(self) -> None:
         if not self.workers or not self.workloads or not self.policies:
@@ -102,6 +115,7 @@ class BenchConfig:
             "seed": self.seed,
             "preset": self.preset,
             "ttft_slo_s": self.ttft_slo_s,
+            "reuse_workers": self.reuse_workers,
             "cv_rule": {"headline": list(stats.HEADLINE), "limit": stats.CV_LIMIT},
         }
 
@@ -144,6 +158,7 @@ class Bench:
         self.encode = encode
         self.doc = doc
         self.ids = [w.worker_id for w in cfg.workers]
+        self._shared: Cluster | None = None  # the group's workers, with reuse_workers
 
     def router_pinning(self) -> list[str]:
         return ["--cpus", self.cfg.router_cpus] if self.cfg.router_cpus else []
@@ -164,12 +179,48 @@ class Bench:
             for w in self.cfg.workers
         ]
 
+    @contextmanager
+    def group_workers(self, wl: Workload, max_active: int) -> Iterator[None]:
+        """With ``reuse_workers``: the group's workers, started once, serve every run
+        inside (each with a router of its own, ``cluster``); else nothing."""
+        if not self.cfg.reuse_workers:
+            yield
+            return
+        router = ["--policy", "least_loaded", *ROUTER_ARGS, *self.router_pinning()]
+        with running_cluster(self.specs(wl, max_active), router, self.cfg.transport) as cl:
+            cl.kill("router", signal.SIGTERM)  # each run starts its own
+            self._shared = cl
+            try:
+                yield
+            finally:
+                self._shared = None
+
+    @contextmanager
+    def cluster(self, wl: Workload, max_active: int, router: list[str]) -> Iterator[Cluster]:
+        """A cluster whose router runs with ``router``'s flags, for one run: fresh, or
+        the group's workers with a new router (stopped on exit: its log is complete)."""
+        cl = self._shared
+        if cl is None:
+            with running_cluster(self.specs(wl, max_active), router, self.cfg.transport) as fresh:
+                yield fresh
+            return
+        if "router" in cl.procs:  # a run that failed midway left it running
+            cl.kill("router", signal.SIGTERM)
+        cl.router_args = router
+        cl.start_router()
+        try:
+            cl.wait_for_workers(set(self.ids))
+            yield cl
+        finally:
+            if "router" in cl.procs:
+                cl.kill("router", signal.SIGTERM)
+
     def calibrate(self, wl: Workload, max_active: int) -> dict[str, Any]:
         """Advertised and (unless rates=advertised) measured rates of every worker."""
         book = PromptBook(self.encode, wl)
         # calibration requests are pinned to their worker: least_loaded only breaks ties
         router = ["--policy", "least_loaded", *ROUTER_ARGS, *self.router_pinning()]
-        with running_cluster(self.specs(wl, max_active), router, self.cfg.transport) as cl:
+        with self.cluster(wl, max_active, router) as cl:
             with cl.client() as c:
                 advertised = advertised_rates(c.status().workers)
             if self.cfg.rates == "advertised":
@@ -192,7 +243,7 @@ class Bench:
             log = Path(tmp) / "decisions.jsonl"
             router = [*router_policy_args(policy), "--decision-log", str(log), *ROUTER_ARGS]
             router += self.router_pinning()
-            with running_cluster(self.specs(wl, max_active), router, self.cfg.transport) as cl:
+            with self.cluster(wl, max_active, router) as cl:
                 seeds = (
                     asyncio.run(seed_workers(cl.client_addr, self.ids, book.prefix, 600.0))
                     if wl.seeds_prefix
@@ -203,9 +254,12 @@ class Bench:
                         cl.client_addr, arrivals, book, wl.output_tokens, self.cfg.timeout_s
                     )
                 )
+                with cl.client() as c:
+                    served = served_rates(c.status().workers)
             decisions = list(read_decisions(log)) if log.exists() else []
         return run_record(recs, arrivals, book, wl, rates, self.ids, decisions, seeds,
-                          run, self.cfg.keep_token_times, self.cfg.ttft_slo_s)  # fmt: skip
+                          run, self.cfg.keep_token_times, self.cfg.ttft_slo_s,
+                          served=served)  # fmt: skip
 
 
 def run_record(
@@ -220,8 +274,10 @@ def run_record(
     run: int,
     keep_token_times: bool,
     ttft_slo_s: float | None = None,
+    served: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """One run's whole record from what the client saw (the bench's and the twin's)."""
+    """One run's whole record from what the client saw (the bench's and the twin's);
+    ``served``: the rates the router priced with at the run's end (a second bound)."""
     t0 = min(r.submit_s for r in recs)
     jobs = [
         Job(
@@ -231,15 +287,24 @@ def run_record(
         )
         for r, a in zip(recs, arrivals, strict=True)
     ]
-    # The bound's search grows with requests x workers: a long trace would take hours.
-    oracle = oracle_bound(jobs, to_worker_rates(rates)) if len(jobs) <= ORACLE_MAX_JOBS else None
-    return {
+    out = {
         "run": run,
         "metrics": stats.run_metrics(recs, worker_ids, ttft_slo_s),
-        "oracle": None
-        if oracle is None
-        else {"makespan_s": oracle.makespan_s, "requests": oracle.requests, "exact": oracle.exact},
+        "oracle": _oracle(jobs, rates),
         "seed_prefill_s": {w: s.get("prefill_s") for w, s in seeds.items()},
         "decisions": decisions_json(decisions, {r.request_id for r in recs}),
         "records": [record_json(r, t0, keep_token_times) for r in recs],
     }
+    if served is not None:
+        out["served_rates"] = served
+        out["oracle_served"] = _oracle(jobs, served)
+    return out
+
+
+def _oracle(jobs: list[Job], rates: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The oracle bound under ``rates`` as JSON; None for runs too long to search (a
+    trace: the search grows with requests x workers and would take hours)."""
+    if len(jobs) > ORACLE_MAX_JOBS:
+        return None
+    res = oracle_bound(jobs, to_worker_rates(rates, jobs=len(jobs)))
+    return {"makespan_s": res.makespan_s, "requests": res.requests, "exact": res.exact}

@@ -43,10 +43,11 @@ def results_table(group: dict[str, Any]) -> list[str]:
     base = cases[0]
     head = (
         f"| policy | runs | makespan s | vs {base['router_policy']} | oracle s | "
-        "measured / oracle | output tok/s | TTFT p50 s | TTFT p95 s | e2e p50 s | e2e p95 s "
-        "| e2e p99 s | ITL p50 ms | ITL p99 ms | queue p50 s | requests per worker (mean) |"
+        "measured / oracle | / oracle (served rates) | output tok/s | TTFT p50 s | TTFT p95 s "
+        "| e2e p50 s | e2e p95 s | e2e p99 s | ITL p50 ms | ITL p99 ms | queue p50 s "
+        "| requests per worker (mean) |"
     )
-    lines = [head, "|" + " --- |" * 16]
+    lines = [head, "|" + " --- |" * 17]
     for c in cases:
         s = _summary(c)
         placement = ", ".join(
@@ -62,6 +63,7 @@ def results_table(group: dict[str, Any]) -> list[str]:
             _pct(_mean(c, "makespan_s"), _mean(base, "makespan_s")),
             _ms(s, "oracle_makespan_s"),
             _ms(s, "vs_oracle"),
+            _ms(s, "vs_oracle_served"),
             _ms(s, "output_tok_s", digits=1),
             _ms(s, "ttft_s.p50"),
             _ms(s, "ttft_s.p95"),
@@ -137,6 +139,8 @@ def headline(group: dict[str, Any]) -> str | None:
         )
     if _mean(pc, "vs_oracle"):
         parts.append(f"{_mean(pc, 'vs_oracle'):.2f}x the oracle bound")
+    if _mean(pc, "vs_oracle_served"):
+        parts.append(f"{_mean(pc, 'vs_oracle_served'):.2f}x the bound from served rates")
     return "; ".join(parts) + "."
 
 
@@ -179,6 +183,39 @@ def rates_table(group: dict[str, Any]) -> list[str]:
     return lines
 
 
+def served_table(group: dict[str, Any]) -> list[str]:
+    """Advertised decode tok/s by batch size against what the router priced at each
+    run's end (live steps of serving): the warm-up's word against serving's."""
+    runs = [r for c in group["cases"] for r in c["runs"] if r.get("served_rates")]
+    if not runs:
+        return []
+    lines = [
+        "Decode tok/s by batch size: advertised at registration, then priced at the end of "
+        "each run (live steps; median over runs, with the live step samples of the last run):",
+        "",
+        "| worker | batch | advertised | served (median of runs) | live samples |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for w, adv in sorted(group["rates"]["advertised"].items()):
+        by_batch = adv.get("decode_tok_s") or []
+        last = runs[-1]["served_rates"].get(w, {})
+        for b in _powers_of_two(len(by_batch)):
+            served = [
+                r["served_rates"][w]["decode_tok_s"][b - 1]
+                for r in runs
+                if len(r["served_rates"].get(w, {}).get("decode_tok_s") or []) >= b
+            ]
+            n = (last.get("live_decode_samples") or [])[b - 1 : b] or ["-"]
+            med = f"{sorted(served)[len(served) // 2]:.0f}" if served else "-"
+            lines.append(f"| {w} | {b} | {by_batch[b - 1]:.0f} | {med} | {n[0]} |")
+    return lines
+
+
+def _powers_of_two(n: int) -> list[int]:
+    """1, 2, 4, ... up to n, and n itself."""
+    return sorted({min(1 << i, n) for i in range(n.bit_length() + 1)} - {0}) if n else []
+
+
 def _active(cfg: dict[str, Any], group: dict[str, Any]) -> str:
     """Each worker's max active in ``group``: its spec's own value, else the group's."""
     return ", ".join(
@@ -214,11 +251,17 @@ def render_report(doc: dict[str, Any], plots: list[str]) -> str:
         "",
         "Workers: " + ", ".join(f"`{w['spec']}` (id {w['id']})" for w in cfg["workers"]) + ".",
         f"Runs per case: {cfg['runs']} (+2 when makespan or output tok/s varies by more than "
-        f"{100 * cfg['cv_rule']['limit']:.0f} % CV). Each run: a fresh cluster, the prefix "
-        "seeded into every worker, the workload. Values: mean ± sample std over runs; "
-        "latency percentiles are per run, then averaged. Oracle: the shortest makespan any "
-        "assignment could reach under a throughput model of the workers' rates "
-        "(bench/oracle.py).",
+        f"{100 * cfg['cv_rule']['limit']:.0f} % CV). Each run: "
+        + (
+            "the group's workers (started once), a fresh router"
+            if cfg.get("reuse_workers")
+            else "a fresh cluster"
+        )
+        + ", the prefix seeded into every worker, the workload. Values: mean ± sample std "
+        "over runs; latency percentiles are per run, then averaged. Oracle: the shortest "
+        "makespan any assignment could reach under a throughput model of the workers' rates "
+        "(bench/oracle.py); served rates: what the router priced each worker with at the "
+        "run's end, from the steps it ran while serving.",
     ]
     if any(w["spec"].startswith("sim") for w in cfg["workers"]):
         lines += [
@@ -238,6 +281,9 @@ def render_report(doc: dict[str, Any], plots: list[str]) -> str:
         lines += ["", *results_table(group), ""]
         lines += [*latency_table(group, cfg.get("ttft_slo_s")), ""]
         lines += ["Rates (tok/s):", "", *rates_table(group)]
+        served = served_table(group)
+        if served:
+            lines += ["", *served]
         lines += ["", "Placement per run:", "", *placement_lines(group), ""]
         prefix = slug(group["label"]) + "-"
         lines += [f"![{p}]({p})" for p in plots if p.startswith(prefix)]

@@ -103,7 +103,13 @@ def finish_doc(doc: dict[str, Any], out_dir: Path, t_start: float) -> dict[str, 
 
 
 def _run_group(bench: Bench, wl: Workload, max_active: int, bar: tqdm, out_dir: Path) -> dict:
-    """Calibrate, then every policy's runs (interleaved), then the CV rule's extra runs."""
+    """Calibrate, then every policy's runs (interleaved), then the CV rule's extra runs;
+    with ``reuse_workers`` all of it on one set of workers."""
+    with bench.group_workers(wl, max_active):
+        return _run_cases(bench, wl, max_active, bar, out_dir)
+
+
+def _run_cases(bench: Bench, wl: Workload, max_active: int, bar: tqdm, out_dir: Path) -> dict:
     cfg = bench.cfg
     bar.set_description(f"{wl.label} a{max_active}: measuring rates")
     rates = bench.calibrate(wl, max_active)

@@ -118,9 +118,12 @@ def summarize_runs(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]
     for run in runs:
         for key, value in _flat(run["metrics"]).items():
             series.setdefault(key, []).append(value)
-    if runs and runs[0].get("oracle"):
-        series["oracle_makespan_s"] = [r["oracle"]["makespan_s"] for r in runs]
-        series["vs_oracle"] = [r["metrics"]["makespan_s"] / r["oracle"]["makespan_s"] for r in runs]
+    for key, suffix in (("oracle", ""), ("oracle_served", "_served")):
+        if runs and all(r.get(key) for r in runs):
+            series[f"oracle{suffix}_makespan_s"] = [r[key]["makespan_s"] for r in runs]
+            series[f"vs_oracle{suffix}"] = [
+                r["metrics"]["makespan_s"] / r[key]["makespan_s"] for r in runs
+            ]
     out = {}
     for key, xs in series.items():
         mean, std = mean_std(xs)

@@ -85,6 +85,8 @@ def _opt(*names: str, key: str, help: str, **kw: Any) -> Any:
 @click.option("--rates", type=click.Choice(["measured", "advertised"]), default="measured",
               show_default=True, help="Worker rates the oracle bound uses.")  # fmt: skip
 @click.option("--transport", type=click.Choice(["ipc", "tcp"]), default="ipc", show_default=True)
+@click.option("--reuse-workers", is_flag=True,
+              help="Start each group's workers once; every run gets a fresh router.")  # fmt: skip
 @click.option("--seed", "rng_seed", type=int, default=0, show_default=True, help="Arrival RNG.")
 @click.option("--keep-token-times", is_flag=True, help="Store every token's arrival time.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
@@ -191,6 +193,7 @@ def build_config(ctx: click.Context, opts: dict[str, Any]) -> Any:
         preset=opts["preset"],
         router_cpus=opts["router_cpus"],
         ttft_slo_s=v["ttft_slo_s"],
+        reuse_workers=opts["reuse_workers"],
     )
 
 

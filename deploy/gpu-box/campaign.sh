@@ -8,6 +8,7 @@
 # saves after every run, so a cut stage keeps its finished runs). RUNS8 / RUNS48
 # set the runs per case of the seed stages (the preset's 3 by default), RUNSQ those
 # of the `qwen` stage (a Qwen2.5-0.5B-shaped model with random weights; 1 run).
+# RUNSP, PROOF_POLICIES, SWEEP, MATRIX_N, GPU_MAX, RATE, WARM: see the stages below.
 #
 # The box keeps files between calls only while it stays warm, so settings chosen by
 # the `knobs` stage are kept in $TANDEM_CACHE_DIR/campaign.env and read by later calls.
@@ -27,7 +28,10 @@ ALL_POLICIES=(--policy forced:gpu --policy forced:cpu --policy round_robin --pol
               --policy cache_aware --policy phase_cost)
 # The decode rates a fresh GPU profile once gave on this box (issue 13): 11 tok/s at batch 2.
 OUTLIER=${OUTLIER:-180,11,332,560,632,748,656,698,653,571,622,793,502,606,481,529}
-TRAFFIC_POLICIES=(--policy forced:gpu --policy phase_cost+static --policy phase_cost)  # calibrated by default
+# WARM=1: a bench group's workers start once and serve all its runs, each run with a
+# fresh router (`tandem bench --reuse-workers`): a GPU worker's start is most of a
+# fresh run's device time, and a serving worker's step model is what a router meets.
+REUSE=${WARM:+--reuse-workers}
 envfile="$TANDEM_CACHE_DIR/campaign.env"
 # shellcheck disable=SC1090
 [ -f "$envfile" ] && { set -a; . "$envfile"; set +a; cp "$envfile" "$out/campaign.env"; }
@@ -77,12 +81,15 @@ for s in "$@"; do
            --worker "$GPU" --policy forced:gpu --policy phase_cost --requests 48 \
            --sweep-max-active "${SWEEP:-1,2,4,8,16}" --runs 1 --rates advertised --no-progress \
            --out "$out/sweep" ;;
-    poisson) stage poisson 200 $PY -m tandem bench --worker "$CPU" --worker "$GPU" \
-           "${TRAFFIC_POLICIES[@]}" --workload poisson --rate 6 --duration-s 15 --runs 1 \
-           --hit-mix 1.0 --rates advertised --no-progress --out "$out/poisson" ;;
-    onoff) stage onoff 200 $PY -m tandem bench --worker "$CPU" --worker "$GPU" \
-           "${TRAFFIC_POLICIES[@]}" --workload onoff --bursts 3 --requests 16 --gap-s 4 \
-           --runs 1 --rates advertised --no-progress --out "$out/onoff" ;;
+    poisson|onoff)  # open-loop traffic, half the requests on the seeded prefix, the
+      # rest distinct; pinned as in `matrix`, PROOF_POLICIES interleaved (RUNSP runs)
+      if [ "$s" = poisson ]; then shape=(--rate "${RATE:-6}" --duration-s 15)
+      else shape=(--bursts 3 --requests 16 --gap-s 4); fi
+      stage "$s" "${TRAFFIC_CAP:-300}" $PY -m tandem bench --workload "$s" "${shape[@]}" \
+         --worker "$CPU:cpus=0-9:max_active=4" --worker "$GPU:cpus=10-11:max_active=${GPU_MAX:-4}" \
+         --router-cpus 12 --cpus 13-15 --hit-mix 0.5 --distinct-prompts ${REUSE} \
+         ${PROOF_POLICIES:---policy forced:gpu --policy least_loaded --policy finish_time} \
+         --runs "${RUNSP:-3}" --rates advertised --no-progress --out "$out/$s" ;;
     qwen)  # the article's model shape, random weights (bench/shaped_model.py), Qwen's own
       # tokenizer (the staged vocabulary): timing only. No profiles: both workers
       # measure themselves at start (--warmup auto). Pinned as in `proof`.
@@ -124,7 +131,7 @@ for s in "$@"; do
       n=${MATRIX_N:-8}
       stage "matrix-$n" "${MATRIX_CAP:-560}" $PY -m tandem bench --preset seed --requests "$n" \
          --worker "$CPU:cpus=0-9:max_active=4" --worker "$GPU:cpus=10-11" \
-         --sweep-max-active "${SWEEP:-1,4,8,16}" --router-cpus 12 --cpus 13-15 \
+         --sweep-max-active "${SWEEP:-1,4,8,16}" --router-cpus 12 --cpus 13-15 ${REUSE} \
          ${PROOF_POLICIES:---policy forced:gpu --policy least_loaded --policy finish_time} \
          --runs "${RUNSP:-3}" --rates advertised --no-progress --out "$out/matrix-$n" ;;
     outlier)  # the default policy with the GPU told the box's outlier profile (as rate

@@ -169,6 +169,40 @@ def test_a_bench_run_with_a_real_llama_cpp_worker(tmp_path: Path) -> None:
     assert (out / "report.md").exists()
 
 
+def test_reused_workers_serve_every_run_behind_a_fresh_router_per_policy(tmp_path: Path) -> None:
+    """--reuse-workers: each run's router has the run's policy; the workers keep what
+    they measured (their step samples only grow); every run carries the rates the
+    router priced with at its end and the oracle bound under them."""
+    fast = {"name": "fast", "prefill_tok_s": 20000, "decode_step_s": [0.002, 0.0022]}
+    slow = {"name": "slow", "prefill_tok_s": 4000, "decode_step_s": [0.004, 0.005]}
+    for doc in (fast, slow):
+        (tmp_path / f"{doc['name']}.json").write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    args = ["bench", "--worker", f"sim:{tmp_path / 'slow.json'}"]
+    args += ["--worker", f"sim:{tmp_path / 'fast.json'}", "--reuse-workers"]
+    args += ["--requests", "4", "--spacing-ms", "10", "--prefix-tokens", "32"]
+    args += ["--prompt-tokens", "36", "--output-tokens", "6", "--policy", "forced:fast"]
+    args += ["--policy", "round_robin", "--runs", "2", "--rates", "advertised"]
+    args += ["--no-progress", "--out", str(out)]
+    res = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    doc = json.loads((out / "result.json").read_text())
+    assert doc["config"]["reuse_workers"]
+    forced, rr = doc["groups"][0]["cases"]
+    assert all({r["worker"] for r in run["records"]} == {"fast"} for run in forced["runs"])
+    for run in rr["runs"]:
+        assert sorted(r["worker"] for r in run["records"]) == ["fast", "fast", "slow", "slow"]
+    # Interleaved runs (forced, rr, forced, rr) on the same workers: fast's samples grow.
+    order = [forced["runs"][0], rr["runs"][0], forced["runs"][1], rr["runs"][1]]
+    seen = [sum(run["served_rates"]["fast"]["live_decode_samples"]) for run in order]
+    assert seen == sorted(seen) and seen[-1] > seen[0], seen
+    for run in order:
+        assert set(run["served_rates"]) == {"fast", "slow"}
+        assert 0 < run["oracle_served"]["makespan_s"] <= 1.25 * run["metrics"]["makespan_s"]
+    report = (out / "report.md").read_text()
+    assert "a fresh router" in report and "served (median of runs)" in report
+
+
 def test_merge_joins_runs_of_the_same_case_and_keeps_every_command(
     result: tuple[Path, dict], tmp_path: Path
 ) -> None:

@@ -96,6 +96,9 @@ def test_summarize_runs_gives_mean_std_over_runs() -> None:
     assert s["makespan_s"]["mean"] == 11.0
     assert s["makespan_s"]["std"] == pytest.approx(np.std([10.0, 12.0], ddof=1))
     assert s["vs_oracle"]["mean"] == pytest.approx((10 / 8 + 12 / 8) / 2)
+    assert "vs_oracle_served" not in s  # no run had served rates
+    runs[0]["oracle_served"] = runs[1]["oracle_served"] = {"makespan_s": 10.0}
+    assert stats.summarize_runs(runs)["vs_oracle_served"]["mean"] == pytest.approx(1.1)
 
 
 # ------------------------------------------------------------ oracle bound
@@ -134,6 +137,28 @@ def test_slow_worker_gets_work_only_when_it_helps() -> None:
     assert oracle_bound(few, {"gpu": GPU, "cpu": CPU}).requests["cpu"] == 0
     many = [Job(0.05 * i, 4, 128) for i in range(24)]
     assert oracle_bound(many, {"gpu": GPU, "cpu": CPU}).requests["cpu"] > 0
+
+
+def test_a_few_requests_bound_a_worker_at_the_batch_they_can_fill() -> None:
+    """Rates by batch size: N requests never decode more than N rows at once, so the
+    peak is read at batch min(N, max_active); without a table, the given peak."""
+    from tandem.bench.calibrate import served_rates, to_worker_rates
+
+    decode = [100, 180, 250, 300, 350, 400, 450, 500]
+    row = {"id": "gpu", "priced_prefill_tok_s": 2e4, "priced_decode_tok_s": decode}
+    row |= {"live_decode_tok_s": [None] * 8, "live_decode_samples": [0] * 8}
+    rates = served_rates([row])
+    assert rates["gpu"]["source"] == "served" and rates["gpu"]["decode_tok_s_peak"] == 500
+    assert to_worker_rates(rates)["gpu"].decode_tok_s_peak == 500
+    assert to_worker_rates(rates, jobs=3)["gpu"].decode_tok_s_peak == 250
+    assert to_worker_rates(rates, jobs=48)["gpu"].decode_tok_s_peak == 500
+    measured = {"prefill_tok_s": 1e3, "decode_tok_s_1": 50, "decode_tok_s_peak": 90}
+    assert to_worker_rates({"cpu": measured}, jobs=1)["cpu"].decode_tok_s_peak == 90
+    # Tighter, still a bound: 3 jobs of 101 tokens on batch <= 3 cannot beat 300/250 s.
+    jobs = [Job(0.0, 1, 101) for _ in range(3)]
+    assert oracle_bound(jobs, to_worker_rates(rates, jobs=3)).makespan_s == pytest.approx(
+        300 / 250 + 3 / 2e4, abs=2e-3
+    )
 
 
 def _brute_force(jobs: list[Job], workers: dict[str, WorkerRates]) -> float:
