@@ -208,7 +208,8 @@ class Engine:
             if match.entry is not None:
                 self.cache.pin(match.entry)
             try:
-                self.backend.begin(req, match)
+                with self.timer.per_request():
+                    self.backend.begin(req, match)
             finally:
                 if match.entry is not None:
                     self.cache.unpin(match.entry)
@@ -227,13 +228,14 @@ class Engine:
         if tail:
             self.emit(p.TokenDelta(req.id, [], tail))
         self.active.remove(req)
-        handle = self.backend.end(req)
-        if reason is None:  # failed: its KV is what we are short of (or is suspect): drop it
-            to_free = [handle]
-        else:
-            _, to_free = self.cache.insert(req.kv_tokens(), handle)
-        for h in to_free:
-            self.backend.free(h)
+        with self.timer.per_request():
+            handle = self.backend.end(req)
+            if reason is None:  # failed: its KV is what we are short of (or is suspect): drop it
+                to_free = [handle]
+            else:
+                _, to_free = self.cache.insert(req.kv_tokens(), handle)
+            for h in to_free:
+                self.backend.free(h)
         if notify and reason is not None:
             self.emit(p.Done(req.id, reason, self._stats(req)))
         self._changed = True

@@ -4,12 +4,20 @@ A step's time is its *period*: from its start to the next step's start while the
 engine stays busy, so the host work between steps (emitting tokens, building
 heartbeats) is priced as serving pays it; the last step before the engine idles
 ends when its own work ends. Samples go to ``common.steptime.StepStats``.
+
+Work that belongs to one request, not to a step — admitting it (restoring its
+cached prefix into the batch) and finishing it (storing its KV in the prefix
+cache) — is timed apart (``per_request``) and left out of the step it fell in.
+Otherwise it lands on whichever decode steps run while requests come and go: on
+the H200 a burst's ramp and tail put it on batch 1-4 steps, which were then priced
+up to 2x slower in serving than the warm-up measured them (docs/results/h200/).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from tandem.common.steptime import StepStats
@@ -26,6 +34,8 @@ class StepTimer:
         self.resend_s = resend_s  # an unchanged one anyway this often
         self.clock = clock  # the engine's: a twin's virtual clock times virtual steps
         self._open: tuple[float, tuple[int, int, int]] | None = None
+        self._excluded = 0.0  # per-request seconds inside the open step
+        self.request_s = 0.0  # per-request seconds ever timed apart (admit + finish)
         self._sent: tuple[int, int, float] | None = None  # (version, sizes, clock time)
 
     # ------------------------------------------------------------ timing
@@ -40,12 +50,26 @@ class StepTimer:
         if self._open is not None:
             t0, (batch, context, prefill) = self._open
             end = self.clock() if t_end is None else t_end
-            self.stats.record(batch, context, prefill, end - t0)
+            self.stats.record(batch, context, prefill, end - t0 - self._excluded)
             self._open = None
+        self._excluded = 0.0
 
     def discard(self) -> None:
         """The open step failed: it measures nothing."""
         self._open = None
+        self._excluded = 0.0
+
+    @contextmanager
+    def per_request(self) -> Iterator[None]:
+        """Time the block apart: one request's own work, not the open step's."""
+        t0 = self.clock()
+        try:
+            yield
+        finally:
+            took = max(0.0, self.clock() - t0)
+            self.request_s += took
+            if self._open is not None:
+                self._excluded += took
 
     def adopt(self, stats: StepStats) -> None:
         """Start from steps measured elsewhere in this process (the warm-up's)."""

@@ -313,6 +313,37 @@ def test_idle_time_between_requests_is_not_a_step():
     assert max(steps) == pytest.approx(0.01)
 
 
+def test_admitting_and_finishing_a_request_are_not_priced_as_decode_steps():
+    """Restoring a cached prefix (begin) and storing KV (end, cache insert) cost one
+    request, not a step: a burst's arrivals and departures must not make the decode
+    steps they fall between look slower (the H200's served batch 2 looked 2x slow)."""
+    e, b, _ = make(max_active=4, step_tokens=64)
+    now = [0.0]
+    e.timer.clock = lambda: now[0]
+    run, begin, end = b.run, b.begin, b.end
+
+    def timed(decode, prefill):
+        now[0] += 0.010 * max(1, len(decode))  # a decode step: 10 ms a row
+        return run(decode, prefill)
+
+    def slow(fn):
+        def wrapped(*args):
+            now[0] += 0.050  # 50 ms of per-request work, 5x a batch-1 step
+            return fn(*args)
+
+        return wrapped
+
+    b.run, b.begin, b.end = timed, slow(begin), slow(end)
+    for i in range(4):  # staggered lengths: requests finish while others decode
+        e.submit(req(f"r{i}", n=4, max_tokens=4 + 3 * i, start=10 * i + 1))
+    run_all(e)
+    decode = {k: [s for s, _ in w.samples] for k, w in e.timer.stats.decode.items()}
+    assert set(decode) >= {1, 2, 3}
+    for batch, steps in decode.items():
+        assert max(steps) == pytest.approx(0.010 * batch), (batch, steps)
+    assert e.timer.request_s == pytest.approx(8 * 0.050)  # 4 admits + 4 finishes
+
+
 def test_a_new_batch_size_is_reported_at_once_repeats_wait():
     e, b, out = make(max_active=2, step_tokens=8)
     e.timer.clock = lambda: 0.0 if not b.steps else len(b.steps) * 0.01  # 10 ms a step
