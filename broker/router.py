@@ -25,7 +25,7 @@ from tandem.broker.identity import RequestIds, foreign_frame, takeover_problem
 from tandem.broker.ledger import PromptBlocks, ViewCache
 from tandem.broker.liveness import Liveness, disconnect_monitor, drain_events
 from tandem.broker.metrics import RouterMetrics
-from tandem.broker.policies import Decision, NoCandidate, parse_policy
+from tandem.broker.policies import Decision, Forced, NoCandidate, parse_policy
 from tandem.broker.registry import Routed, WorkerState, ready_problem
 from tandem.broker.relay import Pending, TokenOutbox
 from tandem.broker.requests import ClientRequest, PendingQueue, prompt_tokens, validate_submit
@@ -316,16 +316,18 @@ class Router:
         views = self.views.views(candidates, blocks)
         policy = parse_policy(f"forced:{sub.worker}") if sub.worker else self.policy
         try:
-            if len(views) == 1 and not sub.worker:  # nothing to choose: nothing to score
+            if len(views) == 1 and policy.takes_any:  # nothing to choose: nothing to score
                 decision = Decision(views[0].id, {})
             else:
                 decision = policy.choose(rr, views)
         except NoCandidate as exc:
-            if any(sub.worker in (w.id, w.info.device) for w in fitting):
+            # Pinned by the request, or by a forced router policy (`--policy forced:gpu`).
+            pinned = sub.worker or (policy.selector if isinstance(policy, Forced) else None)
+            if any(pinned in (w.id, w.info.device) for w in fitting):
                 return False  # the pinned worker is full: wait for it
-            too_long = any(sub.worker in (w.id, w.info.device) for w in self.workers.values())
+            too_long = any(pinned in (w.id, w.info.device) for w in self.workers.values())
             if req.lost_on and not too_long:  # pinned to the worker it lost: no migration
-                lost = f"worker {req.lost_on[-1]} was lost; the request is pinned to {sub.worker!r}"
+                lost = f"worker {req.lost_on[-1]} was lost; the request is pinned to {pinned!r}"
                 self._fail(req, p.WORKER_LOST, lost)
                 return True
             code = p.PROMPT_TOO_LONG if too_long else p.NO_WORKERS

@@ -57,6 +57,7 @@ class PhaseCost:
     """Seconds of work ahead of the request on each worker (the issue's cost model)."""
 
     name = "phase_cost"
+    takes_any = True
 
     def choose(self, req: RouteRequest, workers: list[WorkerView]) -> Decision:
         return tie_break(workers, {w.id: phase_seconds(req, w) for w in workers})
@@ -66,6 +67,7 @@ class LeastTokens:
     """Fewest outstanding P + D tokens, ignoring how fast each worker is."""
 
     name = "least_tokens"
+    takes_any = True
 
     def choose(self, req: RouteRequest, workers: list[WorkerView]) -> Decision:
         scores = {}
@@ -89,6 +91,7 @@ class CacheAware:
     """
 
     name = "cache_aware"
+    takes_any = True
 
     def __init__(
         self, cache_threshold: float = 0.5, balance_abs: int = 4, balance_rel: float = 1.5

@@ -156,6 +156,7 @@ class FinishTime:
     """
 
     name = "finish_time"
+    takes_any = True
     PER_VIEW = 64  # distinct questions kept per view
 
     def choose(self, req: RouteRequest, workers: list[WorkerView]) -> Decision:

@@ -9,6 +9,7 @@ from tandem.broker.policies.views import Decision, NoCandidate, RouteRequest, Wo
 
 class RoundRobin:
     name = "round_robin"
+    takes_any = True
 
     def __init__(self) -> None:
         self._turn = itertools.count()
@@ -23,6 +24,7 @@ class LeastLoaded:
     """Fewest active + queued requests."""
 
     name = "least_loaded"
+    takes_any = True
 
     def choose(self, req: RouteRequest, workers: list[WorkerView]) -> Decision:
         return tie_break(workers, {w.id: float(w.n_requests) for w in workers})
@@ -30,6 +32,8 @@ class LeastLoaded:
 
 class Forced:
     """Only workers whose id or device label equals the selector."""
+
+    takes_any = False  # a lone candidate of another name is refused, not chosen
 
     def __init__(self, selector: str) -> None:
         if not selector:

@@ -105,6 +105,9 @@ class Decision:
 
 class Policy(Protocol):
     name: str
+    # Whether a lone candidate is always this policy's choice (then the router skips
+    # scoring it). False for a policy that may refuse every worker it is shown.
+    takes_any: bool
 
     def choose(self, req: RouteRequest, workers: list[WorkerView]) -> Decision:
         """Pick one of ``workers`` (never empty) for ``req``."""

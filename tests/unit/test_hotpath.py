@@ -187,3 +187,31 @@ def test_a_repeated_heartbeat_only_says_the_worker_is_alive(h: Harness) -> None:
     h.workers["a"].send(p.Goodbye("a"))  # gone: its last frame is forgotten with it
     h.pump()
     assert b"a" not in h.router._hb_frames
+
+
+def test_a_forced_policy_waits_for_its_full_worker_rather_than_use_another(
+    tmp_path: Path,
+) -> None:
+    """`--policy forced:a` with a's in-flight cap reached and b free: the request waits
+    for a (a lone candidate is chosen unscored only by policies that take any worker)."""
+    from tandem.broker.admission import AdmissionConfig
+
+    h = Harness(tmp_path, policy="forced:a", admission=AdmissionConfig(queue_per_slot=0))
+    try:
+        h.add_worker("a", (100.0, [50.0]), max_active=1)
+        h.add_worker("b", (100.0, [50.0]), max_active=1)
+        h.submit("r1", list(range(1, 40)))
+        first = h.assigned("a")
+        r2 = list(range(2, 40))
+        h.client.send(p.Submit("r2", tokens=r2, sampling=p.SamplingParams(8)))
+        h.pump()  # held: a is full, and b is not a's
+        assert not h.workers["b"].poll(200) and not h.workers["a"].poll(50)
+        assert not h.client.poll(50)  # neither accepted elsewhere nor failed
+        h.workers["a"].send(p.Done(first.request_id, p.FinishReason.LENGTH, {"output_tokens": 1}))
+        h.pump()
+        assert h.assigned("a").tokens == r2
+        accepted = [m for m in _client_msgs(h) if isinstance(m, p.Accepted)]
+        assert [(m.request_id, m.worker_id) for m in accepted] == [("r2", "a")]
+        assert not h.workers["b"].poll(50)
+    finally:
+        h.close()
