@@ -141,6 +141,11 @@ def headline(group: dict[str, Any]) -> str | None:
         parts.append(f"{_mean(pc, 'vs_oracle'):.2f}x the oracle bound")
     if _mean(pc, "vs_oracle_served"):
         parts.append(f"{_mean(pc, 'vs_oracle_served'):.2f}x the bound from served rates")
+    if _mean(pc, "vs_twin_oracle"):
+        parts.append(
+            f"{_mean(pc, 'vs_twin_oracle'):.2f}x the twin's best placement (placement loss "
+            f"{_mean(pc, 'twin_placement_loss'):.2f}x)"
+        )
     return "; ".join(parts) + "."
 
 
@@ -208,6 +213,30 @@ def served_table(group: dict[str, Any]) -> list[str]:
             n = (last.get("live_decode_samples") or [])[b - 1 : b] or ["-"]
             med = f"{sorted(served)[len(served) // 2]:.0f}" if served else "-"
             lines.append(f"| {w} | {b} | {by_batch[b - 1]:.0f} | {med} | {n[0]} |")
+    return lines
+
+
+def twin_table(group: dict[str, Any]) -> list[str]:
+    """Per policy: measured against the twin's best placement, split into what the
+    placement lost and what the twin's device model misses (twin/oracle.py)."""
+    cases = [c for c in group["cases"] if "vs_twin_oracle" in _summary(c)]
+    if not cases:
+        return []
+    first = next(r["twin_oracle"] for c in cases for r in c["runs"])
+    lines = [
+        "Twin oracle: the run's arrivals replayed through the twin with every request "
+        "pinned, on the workers' served step times (median over this group's runs); the "
+        f"best placement found ({'every placement tried' if first['exact'] else 'search'}; "
+        f"run 1: {first['requests']}, {first['makespan_s']:.2f} s):",
+        "",
+        "| policy | measured / twin best | placement loss (twin own / twin best) "
+        "| model gap (measured / twin own) |",
+        "| --- | --- | --- | --- |",
+    ]
+    for c in cases:
+        s = _summary(c)
+        cells = [_ms(s, k) for k in ("vs_twin_oracle", "twin_placement_loss", "twin_model_gap")]
+        lines.append(f"| {c['router_policy']} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -281,9 +310,9 @@ def render_report(doc: dict[str, Any], plots: list[str]) -> str:
         lines += ["", *results_table(group), ""]
         lines += [*latency_table(group, cfg.get("ttft_slo_s")), ""]
         lines += ["Rates (tok/s):", "", *rates_table(group)]
-        served = served_table(group)
-        if served:
-            lines += ["", *served]
+        for extra in (served_table(group), twin_table(group)):
+            if extra:
+                lines += ["", *extra]
         lines += ["", "Placement per run:", "", *placement_lines(group), ""]
         prefix = slug(group["label"]) + "-"
         lines += [f"![{p}]({p})" for p in plots if p.startswith(prefix)]

@@ -124,6 +124,11 @@ def summarize_runs(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]
             series[f"vs_oracle{suffix}"] = [
                 r["metrics"]["makespan_s"] / r[key]["makespan_s"] for r in runs
             ]
+    if runs and all(r.get("twin_oracle") for r in runs):
+        twin = [(r["metrics"]["makespan_s"], r["twin_oracle"]) for r in runs]
+        series["vs_twin_oracle"] = [m / t["makespan_s"] for m, t in twin]
+        series["twin_placement_loss"] = [t["own_makespan_s"] / t["makespan_s"] for _, t in twin]
+        series["twin_model_gap"] = [m / t["own_makespan_s"] for m, t in twin]
     out = {}
     for key, xs in series.items():
         mean, std = mean_std(xs)

@@ -236,6 +236,41 @@ def merge(results: tuple[str, ...], out_dir: str, policies: tuple[str, ...]) -> 
                f"-> {out_dir}", err=True)  # fmt: skip
 
 
+@bench.command("twin-oracle")
+@click.argument("result", type=click.Path(exists=True, dir_okay=False))
+@click.option("--budget", type=int, default=400, show_default=True,
+              help="Twin replays per arrival schedule (when not exhaustive).")  # fmt: skip
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Output folder [default: beside RESULT].")  # fmt: skip
+def twin_oracle(result: str, budget: int, out_dir: str | None) -> None:
+    """Add the twin's best placement to every run of RESULT.json (twin/oracle.py).
+
+    Needs runs with served rates (benches since --reuse-workers landed); replays
+    the runs' arrivals through the twin, pinned, over the workers' served speeds."""
+    import json
+
+    from tandem.bench.run import save, write_outputs
+    from tandem.bench.spec import parse_worker
+    from tandem.common.model_files import default_model_path
+    from tandem.common.tokenizer import TextTokenizer, tokenizer_spec_from_gguf
+    from tandem.twin.oracle import annotate
+
+    doc = json.loads(Path(result).read_text())
+    models = [parse_worker(w["spec"], set()).model for w in doc["config"]["workers"]]
+    gguf = next((m for m in models if m and m.endswith(".gguf")), None)
+    encode = TextTokenizer(tokenizer_spec_from_gguf(gguf or default_model_path())).encode
+
+    def say(label: str, index: int, res: dict) -> None:
+        click.echo(f"{label} run {index + 1}: best {res['makespan_s']:.2f} s {res['requests']}, "
+                   f"own {res['own_makespan_s']:.2f} s", err=True)  # fmt: skip
+
+    n = annotate(doc, encode, budget, progress=say)
+    out = Path(out_dir) if out_dir else Path(result).parent
+    save(doc, out)
+    write_outputs(doc, out)
+    click.echo(f"{n} runs got a twin oracle; wrote {out}/result.json and report.md", err=True)
+
+
 @bench.command("router")
 @click.option("--runs", type=int, default=3, show_default=True, help="Repetitions (medians).")
 @click.option("--requests", type=int, default=4000, show_default=True, help="For req/s.")

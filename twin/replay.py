@@ -8,7 +8,7 @@ offsets, and the client records what it sees. Only here the clock is virtual.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,8 +78,10 @@ def replay(
     calibrate: bool = True,
     decode_estimate: str = "budget",
     links: Links = NO_DELAY,
+    placement: Mapping[int, str] | None = None,
 ) -> Replay:
-    """Run ``arrivals`` under ``policy`` on ``specs``; returns when every request ended."""
+    """Run ``arrivals`` under ``policy`` on ``specs``; returns when every request ended.
+    ``placement``: arrival index -> worker id, pinning those requests (twin/oracle.py)."""
     world = World()
     workers: dict[str, TwinWorker] = {}
 
@@ -120,8 +122,9 @@ def replay(
         if spec.join_s is not None:
             world.at(t0 + spec.join_s, join, spec)
     recs = [RequestRecord(a.index, f"bench-{a.index}", a.hit, t0 + a.offset_s) for a in arrivals]
+    pins = placement or {}
     for rec, a in zip(recs, arrivals, strict=True):
-        world.at(rec.scheduled_s, _arrive, router, rec, book, a)
+        world.at(rec.scheduled_s, _arrive, router, rec, book, a, pins.get(a.index))
     world.run(until=lambda: router.ended >= len(seeds) + len(recs))
     return Replay(
         recs,
@@ -146,5 +149,7 @@ def _warm_up(spec: TwinWorkerSpec) -> WarmUp:
     )
 
 
-def _arrive(router: TwinRouter, rec: RequestRecord, book: PromptBook, a: Arrival) -> None:
-    router.submit(rec, book.prompt(a), a.output_tokens, rec.scheduled_s)
+def _arrive(
+    router: TwinRouter, rec: RequestRecord, book: PromptBook, a: Arrival, pin: str | None
+) -> None:
+    router.submit(rec, book.prompt(a), a.output_tokens, rec.scheduled_s, worker=pin)

@@ -60,6 +60,10 @@ for s in "$@"; do
   case "$s" in
     mlx) stage mlx-vs-raw 300 $PY -m tandem.bench.mlx_compare --device gpu --batches 1,2,4,8,16 \
            --n-out 128 --repeats 3 --out "$out/mlx-vs-raw.md" ;;
+    gap)  # the GPU worker's decode steps in-process, aligned vs churning batches, on
+      # the host cores the serving worker is pinned to (bench/step_gap.py)
+      stage step-gap 240 taskset -c 10-11 $PY -m tandem.bench.step_gap --backend mlx \
+         --device gpu --batch "${GAP_BATCHES:-4,8}" --steps 256 --rounds 3 --out "$out/step-gap.json" ;;
     profile)
       stage profile-cpu 60 $PY -m tandem profile --backend llama.cpp --threads "$THREADS" --json
       profile_gpu profile-gpu ;;

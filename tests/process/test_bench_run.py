@@ -201,6 +201,17 @@ def test_reused_workers_serve_every_run_behind_a_fresh_router_per_policy(tmp_pat
         assert 0 < run["oracle_served"]["makespan_s"] <= 1.25 * run["metrics"]["makespan_s"]
     report = (out / "report.md").read_text()
     assert "a fresh router" in report and "served (median of runs)" in report
+    # The twin's oracle over the served rates: every run, one best per arrival schedule.
+    res = CliRunner().invoke(main, ["bench", "twin-oracle", str(out / "result.json")])
+    assert res.exit_code == 0, res.output
+    doc = json.loads((out / "result.json").read_text())
+    runs = [r for c in doc["groups"][0]["cases"] for r in c["runs"]]
+    assert all(r["twin_oracle"]["exact"] for r in runs)  # 2 workers ** 4 requests: all tried
+    for index in (0, 1):
+        same = [r["twin_oracle"] for r in runs if r["run"] == index]
+        assert len({t["makespan_s"] for t in same}) == 1
+        assert all(t["own_makespan_s"] >= t["makespan_s"] for t in same)
+    assert "Twin oracle" in (out / "report.md").read_text()
 
 
 def test_merge_joins_runs_of_the_same_case_and_keeps_every_command(

@@ -211,3 +211,20 @@ def test_burst_goes_fast_first_then_offloads_to_slow(sim_cluster: tuple[Cluster,
         assert (cpu["active"], cpu["queued"], cpu["P"], cpu["D"]) == (0, 0, 16, 128)
         assert cpu["score"] == pytest.approx(16 / 73 + 128 / 45, rel=1e-4)  # 45.0005: rounding
         assert gpu["score"] > cpu["score"] and gpu["D"] > 128
+
+
+def test_the_step_gap_tool_measures_both_patterns_at_the_devices_speed(
+    tmp_path: Path, model: Path
+) -> None:
+    """bench/step_gap.py: aligned and churning batches both decode at the device's
+    step time (a sim device does not care about the pattern), and only the churn
+    admits and finishes requests while the batch is full."""
+    from tandem.bench.step_gap import run_mode
+
+    sim = SimBackend(write_profile(tmp_path, decode_step_s=[0.002, 0.003, 0.004]), 16384, model)
+    aligned = run_mode(sim, "aligned", 3, 24)
+    churn = run_mode(sim, "churn", 3, 24)
+    assert aligned["steps_at_batch"] >= 20 and churn["steps_at_batch"] >= 40
+    for row in (aligned, churn):
+        assert row["median_ms"] == pytest.approx(4.0, rel=0.25), row
+    assert churn["request_host_s"] > 0

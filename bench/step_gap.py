@@ -1,0 +1,144 @@
+"""Where serving's decode steps lose time against the warm-up's: one factor at a time.
+
+On the H200 the router priced the GPU worker, at the end of serving runs, 1.1-2.3x
+slower per decode step than the same worker's warm-up had measured
+(docs/results/h200/matrix-warm/). A serving worker differs from its warm-up in
+two ways at once: its batch churns (requests at different positions, one
+finishing and another admitted with its cached prefix every few steps), and it
+serves (an I/O thread sending every step's tokens, heartbeats, the router).
+This tool measures the first in-process, with the engine's own step timer (the
+numbers the router prices with), so a run on the box says which of the two the
+gap lives in:
+
+- ``aligned``: the warm-up's pattern — ``b`` requests after one shared cached
+  prefix, started together, decoding side by side to the end;
+- ``churn``: ``b`` slots kept full for ``steps`` steps by requests of staggered
+  lengths after the same cached prefix, so every few steps one finishes (its KV
+  stored in the prefix cache) and the next is admitted (its prefix restored).
+
+If ``churn`` matches what serving showed, the batching pattern costs it; if it
+matches ``aligned``, the serving process does.
+
+    python -m tandem.bench.step_gap --backend mlx --device gpu --batch 4,8 --out gap.json
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tandem.common.protocol import SamplingParams
+from tandem.workers.engine import Engine
+from tandem.workers.profiler import _engine, _prompt
+from tandem.workers.request import Request
+
+CONTEXT = 512  # prompt tokens shared by every request (the seed preset's prefix)
+
+
+def record_decode_steps(engine: Engine, batch: int) -> list[float]:
+    """Every decode step the engine's timer records at exactly ``batch`` rows, from now
+    on (its own windows keep only the last 64)."""
+    seen: list[float] = []
+    record = engine.timer.stats.record
+
+    def tee(b: int, context: int, prefill: int, seconds: float) -> None:
+        if b == batch and prefill == 0:
+            seen.append(seconds)
+        record(b, context, prefill, seconds)
+
+    engine.timer.stats.record = tee  # type: ignore[method-assign]
+    return seen
+
+
+def run_mode(backend: Any, mode: str, batch: int, steps: int, seed: int = 0) -> dict[str, Any]:
+    """One pattern on a fresh engine; decode step medians at ``batch`` rows (ms)."""
+    rng = random.Random(seed)
+    cache = (CONTEXT + steps + 8) * (batch + 2) + 512
+    engine, _ = _engine(backend, batch, max(256, batch), cache_tokens=cache)
+    prefix = _prompt(rng, CONTEXT - 1, backend.vocab_size)
+
+    def request(i: int, n_out: int) -> Request:
+        prompt = [*prefix, *_prompt(rng, 1, backend.vocab_size)]
+        return Request(f"{mode}-{i}", prompt, SamplingParams(max_tokens=n_out, ignore_eos=True))
+
+    seed_req = Request("seed", [*prefix, 1], SamplingParams(max_tokens=1, prefill_only=True))
+    engine.submit(seed_req)
+    while engine.queue or engine.active:
+        engine.step()
+    samples = record_decode_steps(engine, batch)
+    if mode == "aligned":
+        for i in range(batch):
+            engine.submit(request(i, steps))
+    else:  # staggered lengths: a departure and an admission every ~steps/(4 batch) steps
+        period = max(8, steps // 4)
+        for i in range(4 * batch):
+            engine.submit(request(i, period + (i * period) // batch))
+    stepped = 0
+    while (engine.queue or engine.active) and stepped < 8 * steps:
+        engine.step()
+        stepped += 1
+    engine.timer.stop()
+    for handle in engine.cache.clear():
+        backend.free(handle)
+    return {
+        "mode": mode,
+        "batch": batch,
+        "steps_at_batch": len(samples),
+        "median_ms": 1e3 * statistics.median(samples) if samples else None,
+        "p90_ms": 1e3 * sorted(samples)[int(0.9 * (len(samples) - 1))] if samples else None,
+        "request_host_s": engine.timer.request_s,
+    }
+
+
+@click.command()
+@click.option("--backend", "backend_name", default="mlx", show_default=True)
+@click.option("--device", default="gpu", show_default=True)
+@click.option("--model", default=None, help="GGUF (default: the embedded model).")
+@click.option("--threads", type=int, default=4, show_default=True, help="llama.cpp threads.")
+@click.option("--batch", "batches", default="4,8", show_default=True)
+@click.option("--steps", type=int, default=256, show_default=True)
+@click.option("--rounds", type=int, default=3, show_default=True, help="Alternations.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None)
+def main(
+    backend_name: str, device: str, model: str | None, threads: int, batches: str,
+    steps: int, rounds: int, out: str | None,
+) -> None:  # fmt: skip
+    """Decode step medians, aligned vs churning batches, alternated ``rounds`` times."""
+    from tandem.workers.backends import build_backend
+    from tandem.workers.config import EngineConfig, WorkerConfig
+
+    sizes = [int(b) for b in batches.split(",")]
+    n_ctx = (CONTEXT + steps + 8) * (max(sizes) + 2) + 4096
+    cfg = WorkerConfig(
+        router="inproc://unused", backend=backend_name, model=model, device=device,
+        threads=threads, n_ctx=n_ctx, engine=EngineConfig(max_active=max(sizes)),
+    )  # fmt: skip
+    backend = build_backend(cfg)
+    run_mode(backend, "aligned", sizes[0], 16)  # compile / warm what the first shapes need
+    rows = []
+    for r in range(rounds):
+        for b in sizes:
+            for mode in ("aligned", "churn"):
+                row = run_mode(backend, mode, b, steps, seed=r) | {"round": r}
+                rows.append(row)
+                click.echo(json.dumps(row), err=True)
+    summary = {
+        f"{mode}@{b}": statistics.median(
+            x["median_ms"] for x in rows if x["mode"] == mode and x["batch"] == b and x["median_ms"]
+        )
+        for b in sizes
+        for mode in ("aligned", "churn")
+    }
+    click.echo(json.dumps(summary))
+    if out:
+        doc = {"backend": backend.name, "device": backend.device, "rows": rows}
+        Path(out).write_text(json.dumps(doc | {"median_ms": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
