@@ -298,20 +298,22 @@ class Router:
             self._finish_migrated(req)
             return True
         tokens = req.tokens + req.output_ids  # a migrated stream continues after its output
-        fitting = [w for w in self.workers.values() if w.fits(len(tokens), req.budget_left)]
+        n, budget = len(tokens), req.budget_left  # once, not once per worker
+        fitting = [w for w in self.workers.values() if w.fits(n, budget)]
         if not fitting:
             limit = max(w.info.n_ctx for w in self.workers.values())
             self._fail(
                 req,
                 p.PROMPT_TOO_LONG,
-                f"prompt ({len(tokens)} tokens) + max_tokens ({req.budget_left}) exceeds every "
+                f"prompt ({n} tokens) + max_tokens ({budget}) exceeds every "
                 f"worker's context (largest {limit}) or max_tokens limit",
             )
             return True
-        candidates = [w for w in fitting if self._has_room(w)]
+        cap = self.cfg.admission.inflight_cap  # room: its batch plus its share of queue
+        candidates = [w for w in fitting if len(w.inflight) < cap(w.info.max_active)]
         if not candidates:
             return False
-        rr = self.calibration.route_request(len(tokens), req.budget_left)
+        rr = self.calibration.route_request(n, budget)
         blocks = PromptBlocks(tokens)  # hashed once per block size, not once per worker
         views = self.views.views(candidates, blocks)
         policy = parse_policy(f"forced:{sub.worker}") if sub.worker else self.policy
@@ -343,9 +345,6 @@ class Router:
             self.decisions.write(record)
         self._assign(req, tokens, self.workers[decision.worker_id], views, blocks)
         return True
-
-    def _has_room(self, w: WorkerState) -> bool:
-        return len(w.inflight) < self.cfg.admission.inflight_cap(w.info.max_active)
 
     def _assign(
         self,

@@ -71,7 +71,7 @@ def test_served_rates_become_devices_and_a_result_is_annotated():
 
     def run(place: list[str], rates: dict) -> dict:
         recs = [{"index": i, "worker": w} for i, w in enumerate(place)]
-        return {"run": 0, "records": recs, "served_rates": rates, "metrics": {}}
+        return {"run": 0, "records": recs, "served_rates": rates, "metrics": {"makespan_s": 3.0}}
 
     group = {
         "label": "g", "max_active": 2, "workload": wl.to_json(),
@@ -90,3 +90,7 @@ def test_served_rates_become_devices_and_a_result_is_annotated():
     assert a["makespan_s"] == b["makespan_s"] and a["exact"]
     assert min(a["own_makespan_s"], b["own_makespan_s"]) >= a["makespan_s"]
     assert sum(a["requests"].values()) == 4
+    summary = group["cases"][0]["summary"]  # recomputed: the report shows the twin's split
+    assert summary["twin_placement_loss"]["mean"] == pytest.approx(
+        a["own_makespan_s"] / a["makespan_s"]
+    )
