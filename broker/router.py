@@ -303,9 +303,14 @@ class Router:
             return True
         tokens = req.tokens + req.output_ids  # a migrated stream continues after its output
         n, budget = len(tokens), req.budget_left  # once, not once per worker
-        fitting = [w for w in self.workers.values() if w.fits(n, budget)]
-        if not fitting:
-            limit = max(w.info.n_ctx for w in self.workers.values())
+        # One pass: workers the request fits and that have room (batch + queue share).
+        candidates = [
+            w for w in self.workers.values() if len(w.inflight) < w.room and w.fits(n, budget)
+        ]
+        if not candidates:
+            if any(w.fits(n, budget) for w in self.workers.values()):
+                return False  # it fits somewhere: wait for room
+            limit = max((w.info.n_ctx for w in self.workers.values()), default=0)
             self._fail(
                 req,
                 p.PROMPT_TOO_LONG,
@@ -313,10 +318,6 @@ class Router:
                 f"worker's context (largest {limit}) or max_tokens limit",
             )
             return True
-        cap = self.cfg.admission.inflight_cap  # room: its batch plus its share of queue
-        candidates = [w for w in fitting if len(w.inflight) < cap(w.info.max_active)]
-        if not candidates:
-            return False
         rr = self.calibration.route_request(n, budget)
         blocks = PromptBlocks(tokens)  # hashed once per block size, not once per worker
         views = self.views.views(candidates, blocks)
@@ -329,6 +330,7 @@ class Router:
         except NoCandidate as exc:
             # Pinned by the request, or by a forced router policy (`--policy forced:gpu`).
             pinned = sub.worker or (policy.selector if isinstance(policy, Forced) else None)
+            fitting = [w for w in self.workers.values() if w.fits(n, budget)]
             if any(pinned in (w.id, w.info.device) for w in fitting):
                 return False  # the pinned worker is full: wait for it
             too_long = any(pinned in (w.id, w.info.device) for w in self.workers.values())
@@ -451,7 +453,8 @@ class Router:
                 return
         if old is not None:
             self._drop_worker(old, "re-registered")
-        self.workers[ready.worker_id] = WorkerState(identity, ready)
+        w = self.workers[ready.worker_id] = WorkerState(identity, ready)
+        w.room = self.cfg.admission.inflight_cap(ready.max_active)
         self._by_identity[identity] = ready.worker_id
         log.info(
             "worker %s joined: %s on %s, max_active %d",
