@@ -8,6 +8,7 @@ from typing import Any
 from tandem.bench.plots import slug
 from tandem.bench.spec import parse_worker
 from tandem.bench.stats import summarize_runs
+from tandem.broker.metrics import exported_batches
 from tandem.broker.policies import DEFAULT_POLICY
 
 _DEFAULT = DEFAULT_POLICY
@@ -204,7 +205,7 @@ def served_table(group: dict[str, Any]) -> list[str]:
     for w, adv in sorted(group["rates"]["advertised"].items()):
         by_batch = adv.get("decode_tok_s") or []
         last = runs[-1]["served_rates"].get(w, {})
-        for b in _powers_of_two(len(by_batch)):
+        for b in exported_batches(len(by_batch)):
             served = [
                 r["served_rates"][w]["decode_tok_s"][b - 1]
                 for r in runs
@@ -238,11 +239,6 @@ def twin_table(group: dict[str, Any]) -> list[str]:
         cells = [_ms(s, k) for k in ("vs_twin_oracle", "twin_placement_loss", "twin_model_gap")]
         lines.append(f"| {c['router_policy']} | " + " | ".join(cells) + " |")
     return lines
-
-
-def _powers_of_two(n: int) -> list[int]:
-    """1, 2, 4, ... up to n, and n itself."""
-    return sorted({min(1 << i, n) for i in range(n.bit_length() + 1)} - {0}) if n else []
 
 
 def _active(cfg: dict[str, Any], group: dict[str, Any]) -> str:

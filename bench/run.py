@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,17 +18,18 @@ from tqdm import tqdm
 
 from tandem.bench import stats
 from tandem.bench.experiment import Bench, BenchConfig, resolve_policy
+from tandem.bench.spec import WorkerArg
 from tandem.bench.workload import Workload
 from tandem.client.errors import TandemError
 
 
-def make_encoder(cfg: BenchConfig) -> Any:
+def make_encoder(workers: Iterable[WorkerArg]) -> Any:
     """Tokenize prompts with the model the workers serve: the first spec's GGUF, else the
     embedded default (what every worker loads when no model is named)."""
     from tandem.common.model_files import default_model_path
     from tandem.common.tokenizer import TextTokenizer, tokenizer_spec_from_gguf
 
-    gguf = next((w.model for w in cfg.workers if w.model and w.model.endswith(".gguf")), None)
+    gguf = next((w.model for w in workers if w.model and w.model.endswith(".gguf")), None)
     return TextTokenizer(tokenizer_spec_from_gguf(gguf or default_model_path())).encode
 
 
@@ -80,7 +82,7 @@ def new_doc(cfg: BenchConfig, command: str, **machine: Any) -> dict[str, Any]:
 def run_bench(cfg: BenchConfig, out_dir: Path, command: str, progress: bool = True) -> dict:
     """Run everything ``cfg`` names; write result.json, report.md and plots to ``out_dir``."""
     doc = new_doc(cfg, command)
-    bench = Bench(cfg, make_encoder(cfg), doc)
+    bench = Bench(cfg, make_encoder(cfg.workers), doc)
     groups = [(m, wl) for m in cfg.max_active for wl in cfg.workloads]
     total = len(groups) * len(cfg.policies) * cfg.runs
     bar = tqdm(total=total, unit="run", file=sys.stderr, disable=not progress, mininterval=1)

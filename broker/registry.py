@@ -68,7 +68,6 @@ class WorkerState:
     cache: CacheView = field(default_factory=CacheView)
     inflight: dict[str, Routed] = field(default_factory=dict)  # by worker-side id
     routed_total: int = 0
-    room: int = 1 << 30  # requests it may hold in flight (the router sets its admission cap)
     # Bumped by the router whenever anything base_view() reads changes (an assign,
     # relayed tokens, a heartbeat, a finish, a new step model): broker/ledger.py
     # caches views by it.

@@ -304,8 +304,11 @@ class Router:
         tokens = req.tokens + req.output_ids  # a migrated stream continues after its output
         n, budget = len(tokens), req.budget_left  # once, not once per worker
         # One pass: workers the request fits and that have room (batch + queue share).
+        cap = self.cfg.admission.inflight_cap
         candidates = [
-            w for w in self.workers.values() if len(w.inflight) < w.room and w.fits(n, budget)
+            w
+            for w in self.workers.values()
+            if len(w.inflight) < cap(w.info.max_active) and w.fits(n, budget)
         ]
         if not candidates:
             if any(w.fits(n, budget) for w in self.workers.values()):
@@ -328,8 +331,9 @@ class Router:
             else:
                 decision = policy.choose(rr, views)
         except NoCandidate as exc:
-            # Pinned by the request, or by a forced router policy (`--policy forced:gpu`).
-            pinned = sub.worker or (policy.selector if isinstance(policy, Forced) else None)
+            # Pinned by the request (its policy is then forced:<worker>), or by a forced
+            # router policy (`--policy forced:gpu`).
+            pinned = policy.selector if isinstance(policy, Forced) else None
             fitting = [w for w in self.workers.values() if w.fits(n, budget)]
             if any(pinned in (w.id, w.info.device) for w in fitting):
                 return False  # the pinned worker is full: wait for it
@@ -453,8 +457,7 @@ class Router:
                 return
         if old is not None:
             self._drop_worker(old, "re-registered")
-        w = self.workers[ready.worker_id] = WorkerState(identity, ready)
-        w.room = self.cfg.admission.inflight_cap(ready.max_active)
+        self.workers[ready.worker_id] = WorkerState(identity, ready)
         self._by_identity[identity] = ready.worker_id
         log.info(
             "worker %s joined: %s on %s, max_active %d",

@@ -249,16 +249,12 @@ def twin_oracle(result: str, budget: int, out_dir: str | None) -> None:
     the runs' arrivals through the twin, pinned, over the workers' served speeds."""
     import json
 
-    from tandem.bench.run import save, write_outputs
+    from tandem.bench.run import make_encoder, save, write_outputs
     from tandem.bench.spec import parse_worker
-    from tandem.common.model_files import default_model_path
-    from tandem.common.tokenizer import TextTokenizer, tokenizer_spec_from_gguf
     from tandem.twin.oracle import annotate
 
     doc = json.loads(Path(result).read_text())
-    models = [parse_worker(w["spec"], set()).model for w in doc["config"]["workers"]]
-    gguf = next((m for m in models if m and m.endswith(".gguf")), None)
-    encode = TextTokenizer(tokenizer_spec_from_gguf(gguf or default_model_path())).encode
+    encode = make_encoder(parse_worker(w["spec"], set()) for w in doc["config"]["workers"])
 
     def say(label: str, index: int, res: dict) -> None:
         click.echo(f"{label} run {index + 1}: best {res['makespan_s']:.2f} s {res['requests']}, "

@@ -99,9 +99,6 @@ class PlacementSearch:
             self.seen[key] = max(r.token_s[-1] for r in rep.records if r.token_s) - t0
         return self.seen[key]
 
-    def _patterns(self, n: int) -> list[tuple[str, ...]]:
-        return _patterns_for(self.ids, n)
-
     def best(self, starts: Sequence[Sequence[str]], budget: int = DEFAULT_BUDGET) -> Best:
         """The best placement found (module docstring); ``starts``: placements to
         climb from (the policies' own for these arrivals)."""
@@ -109,7 +106,7 @@ class PlacementSearch:
         if len(self.ids) ** n <= EXHAUSTIVE_MAX:
             best = min(itertools.product(self.ids, repeat=n), key=self.makespan)
             return Best(self.makespan(best), best, True, len(self.seen))
-        pool = [*map(tuple, starts), *((w,) * n for w in self.ids), *self._patterns(n)]
+        pool = [*map(tuple, starts), *((w,) * n for w in self.ids), *_patterns_for(self.ids, n)]
         best = min(pool, key=self.makespan)
         improved = True
         while improved and len(self.seen) < budget:
@@ -185,14 +182,14 @@ def annotate(
             w["id"]: parse_worker(w["spec"], set()).max_active or group["max_active"]
             for w in doc["config"]["workers"]
         }
+        devices = served_devices(served, active)
         runs: dict[int, list[dict[str, Any]]] = {}
         for case in group["cases"]:
             for run in case["runs"]:
                 runs.setdefault(run["run"], []).append(run)
         for index, same in sorted(runs.items()):
             arrivals = wl.arrivals(doc["config"]["seed"] + index)
-            search = PlacementSearch(served_devices(served, active), arrivals, book,
-                                     wl.seeds_prefix)  # fmt: skip
+            search = PlacementSearch(devices, arrivals, book, wl.seeds_prefix)
             owns = [run_placement(r, len(arrivals)) for r in same]
             best = search.best([o for o in owns if "" not in o], budget)
             for run, own in zip(same, owns, strict=True):
