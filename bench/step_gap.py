@@ -16,8 +16,17 @@ gap lives in:
   lengths after the same cached prefix, so every few steps one finishes (its KV
   stored in the prefix cache) and the next is admitted (its prefix restored).
 
+- ``serve``: ``churn`` inside a serving process: the engine's tokens and
+  heartbeats go out through the worker's real I/O thread (workers/io.py) to a
+  stand-in router in another process (on other cores) that welcomes the worker and
+  drops what it sends, and the engine loop drains its inbox and heartbeats as
+  ``Engine.run`` does;
+- ``serve-switch``: ``serve`` with the interpreter's thread switch interval at
+  0.5 ms (default 5): whether the I/O thread and the compute thread wait on each
+  other for the GIL.
+
 If ``churn`` matches what serving showed, the batching pattern costs it; if it
-matches ``aligned``, the serving process does.
+matches ``aligned`` and ``serve`` matches serving, the serving process does.
 
     python -m tandem.bench.step_gap --backend mlx --device gpu --batch 4,8 --out gap.json
 """
@@ -25,19 +34,67 @@ matches ``aligned``, the serving process does.
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
+import os
 import random
 import statistics
+import sys
+import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
 import click
 
+from tandem.common import protocol as p
 from tandem.common.protocol import SamplingParams
 from tandem.workers.engine import Engine
+from tandem.workers.io import WorkerLink, start_link
 from tandem.workers.profiler import _engine, _prompt
 from tandem.workers.request import Request
 
 CONTEXT = 512  # prompt tokens shared by every request (the seed preset's prefix)
+MODES = ("aligned", "churn", "serve", "serve-switch")
+FAST_SWITCH_S = 0.0005
+
+
+def stand_in_router(address: str, stop: Any) -> None:
+    """Welcome every worker that registers at ``address``; drop whatever else it sends.
+    Runs in its own process, moved off the cores the measuring process is pinned to."""
+    import zmq
+
+    elsewhere = set(range(os.cpu_count() or 1)) - os.sched_getaffinity(0)
+    if elsewhere:
+        os.sched_setaffinity(0, elsewhere)
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(address)
+    while not stop.is_set():
+        if not sock.poll(100):
+            continue
+        identity, frame = sock.recv_multipart()
+        try:
+            msg = p.decode(frame)
+        except p.ProtocolError:
+            continue
+        if isinstance(msg, p.Ready):
+            sock.send_multipart([identity, p.encode(p.Welcome(epoch="step-gap"))])
+
+
+class Serving:
+    """The serving process's side of a run: an I/O thread linked to the stand-in."""
+
+    def __init__(self, engine: Engine, address: str, ready: p.Ready) -> None:
+        self.stop = threading.Event()
+        self.link = WorkerLink(address, ready, engine.inbox)
+        self.thread = start_link(self.link, self.stop)
+        if not self.link.registered.wait(30):
+            raise RuntimeError(f"the stand-in router at {address} never welcomed us")
+        engine.emit = self.link.emit
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
 
 
 def record_decode_steps(engine: Engine, batch: int) -> list[float]:
@@ -55,8 +112,12 @@ def record_decode_steps(engine: Engine, batch: int) -> list[float]:
     return seen
 
 
-def run_mode(backend: Any, mode: str, batch: int, steps: int, seed: int = 0) -> dict[str, Any]:
-    """One pattern on a fresh engine; decode step medians at ``batch`` rows (ms)."""
+def run_mode(
+    backend: Any, mode: str, batch: int, steps: int, seed: int = 0,
+    serve: tuple[str, p.Ready] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """One pattern on a fresh engine; decode step medians at ``batch`` rows (ms).
+    The ``serve`` modes need ``serve``: the stand-in router's address and a Ready."""
     rng = random.Random(seed)
     cache = (CONTEXT + steps + 8) * (batch + 2) + 512
     engine, _ = _engine(backend, batch, max(256, batch), cache_tokens=cache)
@@ -71,6 +132,10 @@ def run_mode(backend: Any, mode: str, batch: int, steps: int, seed: int = 0) -> 
     while engine.queue or engine.active:
         engine.step()
     samples = record_decode_steps(engine, batch)
+    serving = Serving(engine, *serve) if mode.startswith("serve") and serve else None
+    switch = sys.getswitchinterval()
+    if mode == "serve-switch":
+        sys.setswitchinterval(FAST_SWITCH_S)
     if mode == "aligned":
         for i in range(batch):
             engine.submit(request(i, steps))
@@ -79,9 +144,18 @@ def run_mode(backend: Any, mode: str, batch: int, steps: int, seed: int = 0) -> 
         for i in range(4 * batch):
             engine.submit(request(i, period + (i * period) // batch))
     stepped = 0
-    while (engine.queue or engine.active) and stepped < 8 * steps:
-        engine.step()
-        stepped += 1
+    try:
+        while (engine.queue or engine.active) and stepped < 8 * steps:
+            if serving:  # as Engine.run: the inbox, the step, the heartbeat
+                engine.drain_inbox(block=False)
+            engine.step()
+            if serving:
+                engine.maybe_heartbeat()
+            stepped += 1
+    finally:
+        sys.setswitchinterval(switch)
+        if serving:
+            serving.close()
     engine.timer.stop()
     for handle in engine.cache.clear():
         backend.free(handle)
@@ -111,6 +185,8 @@ def main(
     """Decode step medians, aligned vs churning batches, alternated ``rounds`` times."""
     from tandem.workers.backends import build_backend
     from tandem.workers.config import EngineConfig, WorkerConfig
+    from tandem.workers.main import ready_message
+    from tandem.workers.rates import rates
 
     sizes = [int(b) for b in batches.split(",")]
     n_ctx = (CONTEXT + steps + 8) * (max(sizes) + 2) + 4096
@@ -120,19 +196,29 @@ def main(
     )  # fmt: skip
     backend = build_backend(cfg)
     run_mode(backend, "aligned", sizes[0], 16)  # compile / warm what the first shapes need
+    address = f"ipc:///tmp/tandem-step-gap-{uuid.uuid4().hex[:8]}"
+    ready = ready_message(cfg, backend, "step-gap", *rates(cfg, backend))
+    spawn = mp.get_context("spawn")
+    stop = spawn.Event()
+    router = spawn.Process(target=stand_in_router, args=(address, stop), daemon=True)
+    router.start()
     rows = []
-    for r in range(rounds):
-        for b in sizes:
-            for mode in ("aligned", "churn"):
-                row = run_mode(backend, mode, b, steps, seed=r) | {"round": r}
-                rows.append(row)
-                click.echo(json.dumps(row), err=True)
+    try:
+        for r in range(rounds):
+            for b in sizes:
+                for mode in MODES:
+                    row = run_mode(backend, mode, b, steps, r, (address, ready)) | {"round": r}
+                    rows.append(row)
+                    click.echo(json.dumps(row), err=True)
+    finally:
+        stop.set()
+        router.join(timeout=5)
     summary = {
         f"{mode}@{b}": statistics.median(
             x["median_ms"] for x in rows if x["mode"] == mode and x["batch"] == b and x["median_ms"]
         )
         for b in sizes
-        for mode in ("aligned", "churn")
+        for mode in MODES
     }
     click.echo(json.dumps(summary))
     if out:

@@ -13,7 +13,7 @@ from tandem.common import protocol as p
 from tandem.common.affinity import pin
 from tandem.workers.backends import build_backend
 from tandem.workers.config import WorkerConfig
-from tandem.workers.engine import Engine
+from tandem.workers.engine import Backend, Engine
 from tandem.workers.io import WorkerLink, start_link
 from tandem.workers.rates import rates
 
@@ -38,25 +38,7 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
         warm = warm_up(backend, cfg.engine.max_active, cfg.engine.step_tokens, compile_pass=gpu)
         log.info("warmed %s up in %.2f s", backend.device, warm.seconds)
     prefill, decode = rates(cfg, backend, warm)
-    spec = backend.tokenizer_spec.to_wire()
-    ready = p.Ready(
-        worker_id=worker_id,
-        backend=backend.name,
-        device=backend.device,
-        model=backend.model_name,
-        max_active=cfg.engine.max_active,
-        n_ctx=backend.n_ctx,
-        block_size=cfg.engine.block_size,
-        prefill_tok_s=prefill,
-        decode_tok_s=decode,
-        heartbeat_s=cfg.engine.heartbeat_s,
-        tokenizer=spec,
-        max_tokens_limit=cfg.engine.max_tokens_limit,
-        instance=uuid.uuid4().hex,
-        tokenizer_hash=p.tokenizer_hash(spec),
-        step_tokens=cfg.engine.step_tokens,
-        weights=backend.weights_digest,
-    )
+    ready = ready_message(cfg, backend, worker_id, prefill, decode)
     inbox: queue.Queue[p.Message] = queue.Queue()
     from tandem.common.auth import peer_setup
 
@@ -87,6 +69,31 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
         log.error("router refused this worker: %s", link.fatal)
         return 2
     return 0
+
+
+def ready_message(
+    cfg: WorkerConfig, backend: Backend, worker_id: str, prefill: float, decode: list[float]
+) -> p.Ready:
+    """The Ready this worker registers with: what it is, its limits, its rates."""
+    spec = backend.tokenizer_spec.to_wire()
+    return p.Ready(
+        worker_id=worker_id,
+        backend=backend.name,
+        device=backend.device,
+        model=backend.model_name,
+        max_active=cfg.engine.max_active,
+        n_ctx=backend.n_ctx,
+        block_size=cfg.engine.block_size,
+        prefill_tok_s=prefill,
+        decode_tok_s=decode,
+        heartbeat_s=cfg.engine.heartbeat_s,
+        tokenizer=spec,
+        max_tokens_limit=cfg.engine.max_tokens_limit,
+        instance=uuid.uuid4().hex,
+        tokenizer_hash=p.tokenizer_hash(spec),
+        step_tokens=cfg.engine.step_tokens,
+        weights=backend.weights_digest,
+    )
 
 
 def _stop_within(stop: threading.Event, grace_s: float) -> None:
