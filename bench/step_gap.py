@@ -23,7 +23,10 @@ gap lives in:
   ``Engine.run`` does;
 - ``serve-switch``: ``serve`` with the interpreter's thread switch interval at
   0.5 ms (default 5): whether the I/O thread and the compute thread wait on each
-  other for the GIL.
+  other for the GIL;
+- ``aligned-mask`` / ``aligned-addmask`` (MLX only): ``aligned`` with an attention
+  mask although no row is padded, boolean / additive (0 or -inf) — what a ragged
+  batch's mask alone costs; ``churn-addmask``: ``churn`` with the additive mask.
 
 If ``churn`` matches what serving showed, the batching pattern costs it; if it
 matches ``aligned`` and ``serve`` matches serving, the serving process does.
@@ -55,6 +58,7 @@ from tandem.workers.request import Request
 
 CONTEXT = 512  # prompt tokens shared by every request (the seed preset's prefix)
 MODES = ("aligned", "churn", "serve", "serve-switch")
+MASK_MODES = ("aligned-mask", "aligned-addmask", "churn-addmask")
 FAST_SWITCH_S = 0.0005
 
 
@@ -132,11 +136,12 @@ def run_mode(
     while engine.queue or engine.active:
         engine.step()
     samples = record_decode_steps(engine, batch)
+    batch_class = _mask_modes(backend, mode)
     serving = Serving(engine, *serve) if mode.startswith("serve") and serve else None
     switch = sys.getswitchinterval()
     if mode == "serve-switch":
         sys.setswitchinterval(FAST_SWITCH_S)
-    if mode == "aligned":
+    if mode.startswith("aligned"):
         for i in range(batch):
             engine.submit(request(i, steps))
     else:  # staggered lengths: a departure and an admission every ~steps/(4 batch) steps
@@ -154,6 +159,8 @@ def run_mode(
             stepped += 1
     finally:
         sys.setswitchinterval(switch)
+        if batch_class is not None:
+            batch_class.always_mask = batch_class.additive_mask = False
         if serving:
             serving.close()
     engine.timer.stop()
@@ -169,6 +176,19 @@ def run_mode(
     }
 
 
+def _mask_modes(backend: Any, mode: str) -> Any:
+    """Set up a mask mode on the MLX backend's decode batch; its class, or None."""
+    if mode not in MASK_MODES:
+        return None
+    from tandem.workers.backends.mlx.batch import DecodeBatch
+
+    if not isinstance(getattr(backend, "_batch", None), DecodeBatch):
+        raise click.UsageError(f"mode {mode} needs the mlx backend")
+    DecodeBatch.always_mask = mode.startswith("aligned")
+    DecodeBatch.additive_mask = "addmask" in mode
+    return DecodeBatch
+
+
 @click.command()
 @click.option("--backend", "backend_name", default="mlx", show_default=True)
 @click.option("--device", default="gpu", show_default=True)
@@ -177,10 +197,16 @@ def run_mode(
 @click.option("--batch", "batches", default="4,8", show_default=True)
 @click.option("--steps", type=int, default=256, show_default=True)
 @click.option("--rounds", type=int, default=3, show_default=True, help="Alternations.")
+@click.option(
+    "--modes",
+    default=",".join(MODES),
+    show_default=True,
+    help=f"Patterns to alternate; also {', '.join(MASK_MODES)} (mlx).",
+)
 @click.option("--out", type=click.Path(dir_okay=False), default=None)
 def main(
     backend_name: str, device: str, model: str | None, threads: int, batches: str,
-    steps: int, rounds: int, out: str | None,
+    steps: int, rounds: int, modes: str, out: str | None,
 ) -> None:  # fmt: skip
     """Decode step medians, aligned vs churning batches, alternated ``rounds`` times."""
     from tandem.workers.backends import build_backend
@@ -189,6 +215,10 @@ def main(
     from tandem.workers.rates import rates
 
     sizes = [int(b) for b in batches.split(",")]
+    names = [m for m in modes.split(",") if m]
+    unknown = set(names) - {*MODES, *MASK_MODES}
+    if unknown:
+        raise click.UsageError(f"unknown modes: {', '.join(sorted(unknown))}")
     n_ctx = (CONTEXT + steps + 8) * (max(sizes) + 2) + 4096
     cfg = WorkerConfig(
         router="inproc://unused", backend=backend_name, model=model, device=device,
@@ -206,7 +236,7 @@ def main(
     try:
         for r in range(rounds):
             for b in sizes:
-                for mode in MODES:
+                for mode in names:
                     row = run_mode(backend, mode, b, steps, r, (address, ready)) | {"round": r}
                     rows.append(row)
                     click.echo(json.dumps(row), err=True)
@@ -218,7 +248,7 @@ def main(
             x["median_ms"] for x in rows if x["mode"] == mode and x["batch"] == b and x["median_ms"]
         )
         for b in sizes
-        for mode in MODES
+        for mode in names
     }
     click.echo(json.dumps(summary))
     if out:

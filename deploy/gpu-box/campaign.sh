@@ -63,7 +63,8 @@ for s in "$@"; do
     gap)  # the GPU worker's decode steps in-process, aligned vs churning batches, on
       # the host cores the serving worker is pinned to (bench/step_gap.py)
       stage step-gap 240 taskset -c 10-11 $PY -m tandem.bench.step_gap --backend mlx \
-         --device gpu --batch "${GAP_BATCHES:-4,8}" --steps 256 --rounds 3 --out "$out/step-gap.json" ;;
+         --device gpu --batch "${GAP_BATCHES:-4,8}" --steps 256 --rounds 3 \
+         --modes "${GAP_MODES:-aligned,churn,serve,serve-switch}" --out "$out/step-gap.json" ;;
     profile)
       stage profile-cpu 60 $PY -m tandem profile --backend llama.cpp --threads "$THREADS" --json
       profile_gpu profile-gpu ;;
@@ -138,6 +139,19 @@ for s in "$@"; do
          --sweep-max-active "${SWEEP:-1,4,8,16}" --router-cpus 12 --cpus 13-15 ${REUSE} \
          ${PROOF_POLICIES:---policy forced:gpu --policy least_loaded --policy finish_time} \
          --runs "${RUNSP:-3}" --rates advertised --no-progress --out "$out/matrix-$n" ;;
+    trace)  # the Mooncake trace (TRACE: a JSONL file carried to the box, by default
+      # .ship/trace/), prompt lengths / 16 with the sharing kept, the first TRACE_LIMIT
+      # requests, pinned as in `matrix`; forced:cpu (~3x the others' makespan) in a
+      # second bench of one run so that the rest get RUNSP runs inside one call
+      tr=${TRACE:-$(ls "$root"/.ship/trace/*.jsonl | head -1)}
+      common=(--workload trace --trace "$tr" --length-scale 16 --limit "${TRACE_LIMIT:-30}"
+              --worker "$CPU:cpus=0-9:max_active=4" --worker "$GPU:cpus=10-11:max_active=${GPU_MAX:-8}"
+              --router-cpus 12 --cpus 13-15 ${REUSE} --rates advertised --no-progress)
+      stage trace "${TRACE_CAP:-330}" $PY -m tandem bench "${common[@]}" \
+         ${PROOF_POLICIES:---policy forced:gpu --policy round_robin --policy least_loaded \
+         --policy finish_time} --runs "${RUNSP:-3}" --out "$out/trace"
+      stage trace-cpu 150 $PY -m tandem bench "${common[@]}" --policy forced:cpu --runs 1 \
+         --out "$out/trace-cpu" ;;
     outlier)  # the default policy with the GPU told the box's outlier profile (as rate
       # flags) against the same worker measuring itself with nothing told, interleaved
       for i in $(seq 1 "${RUNSP:-3}"); do

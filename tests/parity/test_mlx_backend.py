@@ -100,7 +100,14 @@ def raw_mlx_lm_greedy(model, prompt: list[int], n: int) -> list[int]:
     return [int(t) for t, _ in steps]
 
 
-def test_batched_decode_equals_each_request_alone(tiny) -> None:
+@pytest.mark.parametrize("mask", ["boolean", "additive", "always-additive"])
+def test_batched_decode_equals_each_request_alone(tiny, mask: str, monkeypatch) -> None:
+    """Also with the ragged batch's mask given as 0 / -inf, and with a mask on every
+    step (bench/step_gap.py's mask modes): the same tokens."""
+    from tandem.workers.backends.mlx.batch import DecodeBatch
+
+    monkeypatch.setattr(DecodeBatch, "additive_mask", mask != "boolean")
+    monkeypatch.setattr(DecodeBatch, "always_mask", mask.startswith("always"))
     budgets = (12, 6, 15, 9)  # rows leave the batch at different steps
     reqs = [
         greedy(f"r{i}", pr, m) for i, (pr, m) in enumerate(zip(prompts(), budgets, strict=True))

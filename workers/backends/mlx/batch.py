@@ -54,7 +54,16 @@ class DecodeBatch:
     ``rows`` are opaque owners (the backend's slots); a row's length is
     ``idx - pad``. ``add``/``remove`` copy the cache once per membership change;
     ``forward`` runs one token per row through the model.
+
+    A batch whose rows differ in length needs an attention mask, and on CUDA MLX's
+    fused decode attention takes none: the step falls back to unfused attention
+    (bench/step_gap.py measures what that costs). ``additive_mask`` gives the mask
+    as 0 / -inf in the cache's dtype instead of booleans; ``always_mask`` masks even
+    an unpadded batch — both only for that measurement.
     """
+
+    additive_mask = False
+    always_mask = False
 
     def __init__(self) -> None:
         self.rows: list[Any] = []
@@ -147,10 +156,15 @@ class DecodeBatch:
             return None if n == 1 else "causal"
         cols = mx.arange(self.idx + n)
         causal = mx.arange(self.idx, self.idx + n)[:, None] >= cols[None]
-        return causal[None, None] & (cols >= self._pad_array[:, None, None, None])
+        keep = causal[None, None] & (cols >= self._pad_array[:, None, None, None])
+        if not self.additive_mask:
+            return keep
+        dtype = self.layers[0].keys.dtype
+        return mx.where(keep, mx.array(0, dtype), mx.array(-mx.inf, dtype))
 
     def _pads_changed(self) -> None:
-        self._pad_array = mx.array(self.pads) if any(self.pads) else None
+        masked = any(self.pads) or (self.always_mask and self.pads)
+        self._pad_array = mx.array(self.pads) if masked else None
 
 
 def _pad_columns(x: mx.array, left: int, right: int) -> mx.array:
