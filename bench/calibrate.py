@@ -29,6 +29,8 @@ rate is non-decreasing in batch size (``common.ratefit``), so this keeps a bound
 from __future__ import annotations
 
 import asyncio
+import statistics
+from collections.abc import Mapping
 from typing import Any
 
 from tandem.bench.driver import RequestRecord, pinned_batch
@@ -111,4 +113,21 @@ def to_worker_rates(
         if jobs and r.get("decode_tok_s"):
             peak = max(r["decode_tok_s"][: max(1, jobs)])
         out[w] = WorkerRates(r["prefill_tok_s"], r["decode_tok_s_1"], peak)
+    return out
+
+
+def group_served(group: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """One device model for every policy of a bench group: per worker, the median
+    over the group's runs of the served prefill rate and decode tok/s at each batch."""
+    runs = [r for c in group["cases"] for r in c["runs"] if r.get("served_rates")]
+    out: dict[str, dict[str, Any]] = {}
+    for wid in sorted({w for r in runs for w in r["served_rates"]}):
+        rates = [r["served_rates"][wid] for r in runs if wid in r["served_rates"]]
+        width = min(len(x["decode_tok_s"]) for x in rates)
+        out[wid] = {
+            "prefill_tok_s": statistics.median(x["prefill_tok_s"] for x in rates),
+            "decode_tok_s": [
+                statistics.median(x["decode_tok_s"][b] for x in rates) for b in range(width)
+            ],
+        }
     return out

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from tandem.bench.calibrate import group_served
 from tandem.bench.plots import slug
 from tandem.bench.spec import parse_worker
 from tandem.bench.stats import summarize_runs
-from tandem.broker.metrics import exported_batches
 from tandem.broker.policies import DEFAULT_POLICY
+from tandem.common.steptime import batch_ladder
 
 _DEFAULT = DEFAULT_POLICY
 
@@ -202,17 +203,14 @@ def served_table(group: dict[str, Any]) -> list[str]:
         "| worker | batch | advertised | served (median of runs) | live samples |",
         "| --- | --- | --- | --- | --- |",
     ]
+    served = group_served(group)
     for w, adv in sorted(group["rates"]["advertised"].items()):
         by_batch = adv.get("decode_tok_s") or []
         last = runs[-1]["served_rates"].get(w, {})
-        for b in exported_batches(len(by_batch)):
-            served = [
-                r["served_rates"][w]["decode_tok_s"][b - 1]
-                for r in runs
-                if len(r["served_rates"].get(w, {}).get("decode_tok_s") or []) >= b
-            ]
+        at = served.get(w, {}).get("decode_tok_s") or []
+        for b in batch_ladder(len(by_batch)):
             n = (last.get("live_decode_samples") or [])[b - 1 : b] or ["-"]
-            med = f"{sorted(served)[len(served) // 2]:.0f}" if served else "-"
+            med = f"{at[b - 1]:.0f}" if len(at) >= b else "-"
             lines.append(f"| {w} | {b} | {by_batch[b - 1]:.0f} | {med} | {n[0]} |")
     return lines
 

@@ -30,6 +30,7 @@ from prometheus_client import (
 from tandem.broker.policies import Decision, RouteRequest, WorkerView
 from tandem.broker.registry import WorkerState
 from tandem.common.pricing import Rates
+from tandem.common.steptime import batch_ladder
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +227,7 @@ class RouterMetrics:
 
         Every worker heartbeats a few times a second: its gauge children are looked
         up once (``labels`` costs more than ``set``), and the rate tables are set
-        only when they changed, at the batch sizes ``exported_batches`` names.
+        only when they changed, at the batch sizes of ``common.steptime.batch_ladder``.
         """
         hb, wid = w.heartbeat, w.id
         if hb is None:
@@ -266,7 +267,7 @@ class RouterMetrics:
             return
         g.rates[source] = table
         self.g_prefill.labels(wid, source).set(prefill)
-        for batch in exported_batches(len(decode)):
+        for batch in batch_ladder(len(decode)):
             self.g_decode.labels(wid, source, str(batch)).set(decode[batch - 1])
 
     def on_worker_removed(self, worker_id: str) -> None:
@@ -303,17 +304,6 @@ def _label_sets(g: Gauge) -> list[tuple[str, ...]]:
 
 def _num(x: Any) -> float:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else 0.0
-
-
-def exported_batches(n: int) -> list[int]:
-    """The batch sizes of an ``n``-entry decode table that /metrics shows: powers of
-    two and ``n`` itself (9 series at max active 256, not 256 per worker and source)."""
-    sizes = {n} if n > 0 else set()
-    b = 1
-    while b < n:
-        sizes.add(b)
-        b *= 2
-    return sorted(sizes)
 
 
 @dataclass

@@ -53,6 +53,17 @@ _WIRE_KEYS = {
 _INT_FIELDS = {"decode_batch", "decode_samples", "prefill_chunk", "prefill_samples"}
 
 
+def batch_ladder(n: int) -> list[int]:
+    """Powers of two below ``n``, and ``n``: the batch sizes a worker's warm-up
+    measures and /metrics shows (9 at max active 256, not 256)."""
+    sizes = {n} if n > 0 else set()
+    b = 1
+    while b < n:
+        sizes.add(b)
+        b *= 2
+    return sorted(sizes)
+
+
 @dataclass(frozen=True)
 class StepModel:
     """A worker's measured step costs (wire form: ``to_wire`` / ``from_wire``).

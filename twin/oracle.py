@@ -17,8 +17,9 @@ placements:
   them (spread evenly, or the first k) for every k; within ``budget`` replays.
 
 It also replays the run's own placement. The device model is one per bench group:
-the median over the group's runs of what each worker served at (``group_served``),
-so every policy is measured against the same devices. So, for a measured makespan M:
+the median over the group's runs of what each worker served at
+(``bench.calibrate.group_served``, the report's served table too), so every policy is
+measured against the same devices. So, for a measured makespan M:
 ``M / own`` is what the twin's device model misses (host overheads, messaging,
 noise), and ``own / best`` is what the placement cost under that model — the
 part a better router could win back. Both are reported; neither is a bound.
@@ -27,11 +28,11 @@ part a better router could win back. Both are reported; neither is a bound.
 from __future__ import annotations
 
 import itertools
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tandem.bench.calibrate import group_served
 from tandem.bench.stats import summarize_runs
 from tandem.bench.workload import Arrival, PromptBook, Workload
 from tandem.twin.replay import TwinWorkerSpec, replay
@@ -132,23 +133,6 @@ def _patterns_for(ids: Sequence[str], n: int) -> list[tuple[str, ...]]:
             spread = {round(i * n / k) for i in range(k)}
             out.append(tuple(few if i in spread else many for i in range(n)))
         out.append(tuple(ids[0] if i < k else ids[1] for i in range(n)))
-    return out
-
-
-def group_served(group: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """One device model for every policy of a bench group: per worker, the median
-    over the group's runs of the served prefill rate and decode tok/s at each batch."""
-    runs = [r for c in group["cases"] for r in c["runs"] if r.get("served_rates")]
-    out: dict[str, dict[str, Any]] = {}
-    for wid in sorted({w for r in runs for w in r["served_rates"]}):
-        rates = [r["served_rates"][wid] for r in runs if wid in r["served_rates"]]
-        width = min(len(x["decode_tok_s"]) for x in rates)
-        out[wid] = {
-            "prefill_tok_s": statistics.median(x["prefill_tok_s"] for x in rates),
-            "decode_tok_s": [
-                statistics.median(x["decode_tok_s"][b] for x in rates) for b in range(width)
-            ],
-        }
     return out
 
 

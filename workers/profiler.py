@@ -36,7 +36,7 @@ from typing import Any
 from tandem.common import protocol as p
 from tandem.common.protocol import SamplingParams
 from tandem.common.ratefit import explain, fit_decode_rates
-from tandem.common.steptime import StepStats
+from tandem.common.steptime import StepStats, batch_ladder
 from tandem.workers.engine import Backend, Engine, EngineConfig
 from tandem.workers.request import Request, Status
 
@@ -192,7 +192,7 @@ def warm_up(
     """
     t0 = clock()
     context = max(2, min(context, backend.n_ctx // max(1, max_active) - measure_steps - 64))
-    sizes = sorted({min(2**i, max_active) for i in range(max_active.bit_length() + 1)})
+    sizes = batch_ladder(max_active)
     # Decode prompts share one cached prefix (the prefix cache, as serving reuses it),
     # so the context costs one prefill, not one per request: a CPU measures in seconds.
     cache = (context + 1) * max_active + step_tokens

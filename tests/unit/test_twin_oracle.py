@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from tandem.bench.calibrate import group_served
 from tandem.bench.workload import PromptBook, Workload
-from tandem.twin.oracle import PlacementSearch, annotate, group_served, served_devices
+from tandem.twin.oracle import PlacementSearch, annotate, served_devices
 from tandem.twin.replay import replay
 from tests.unit.test_twin import encode, fleet
 
