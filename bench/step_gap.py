@@ -31,6 +31,13 @@ gap lives in:
 If ``churn`` matches what serving showed, the batching pattern costs it; if it
 matches ``aligned`` and ``serve`` matches serving, the serving process does.
 
+``--neighbour-cpus`` adds the third suspect, the machine: every mode then also runs
+with a llama.cpp engine decoding 4 requests nonstop on those cores in another
+process (as the CPU worker does beside the GPU worker when a router splits a
+burst), alternating idle / busy. On the box the GPU's served decode rate at its
+full batch was 0.45-0.8x lower in runs that kept the CPU worker busy than in
+forced:gpu runs of the same bench group.
+
     python -m tandem.bench.step_gap --backend mlx --device gpu --batch 4,8 --out gap.json
 """
 
@@ -43,6 +50,7 @@ import random
 import statistics
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -50,6 +58,7 @@ from typing import Any
 import click
 
 from tandem.common import protocol as p
+from tandem.common.affinity import parse_cpus
 from tandem.common.protocol import SamplingParams
 from tandem.workers.engine import Engine
 from tandem.workers.io import WorkerLink, start_link
@@ -83,6 +92,31 @@ def stand_in_router(address: str, stop: Any) -> None:
             continue
         if isinstance(msg, p.Ready):
             sock.send_multipart([identity, p.encode(p.Welcome(epoch="step-gap"))])
+
+
+def busy_neighbour(cpus: tuple[int, ...], threads: int, go: Any, stop: Any) -> None:
+    """Keep a llama.cpp engine decoding 4 requests on ``cpus`` while ``go`` is set."""
+    from tandem.common.affinity import pin
+    from tandem.workers.backends import build_backend
+    from tandem.workers.config import EngineConfig, WorkerConfig
+
+    pin(cpus)
+    cfg = WorkerConfig(
+        router="inproc://unused", backend="llama.cpp", threads=threads, n_ctx=8192,
+        engine=EngineConfig(max_active=4),
+    )  # fmt: skip
+    backend = build_backend(cfg)
+    engine, _ = _engine(backend, 4, 256)
+    rng, n = random.Random(1), 0
+    while not stop.is_set():
+        if not go.is_set():
+            time.sleep(0.02)
+            continue
+        while len(engine.queue) + len(engine.active) < 4:
+            prompt = _prompt(rng, 256, backend.vocab_size)
+            engine.submit(Request(f"n{n}", prompt, SamplingParams(max_tokens=64, ignore_eos=True)))
+            n += 1
+        engine.step()
 
 
 class Serving:
@@ -203,10 +237,17 @@ def _mask_modes(backend: Any, mode: str) -> Any:
     show_default=True,
     help=f"Patterns to alternate; also {', '.join(MASK_MODES)} (mlx).",
 )
+@click.option(
+    "--neighbour-cpus",
+    default=None,
+    help="Also run each mode beside a busy llama.cpp engine on these cores.",
+)
+@click.option("--neighbour-threads", type=int, default=10, show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False), default=None)
 def main(
     backend_name: str, device: str, model: str | None, threads: int, batches: str,
-    steps: int, rounds: int, modes: str, out: str | None,
+    steps: int, rounds: int, modes: str, neighbour_cpus: str | None,
+    neighbour_threads: int, out: str | None,
 ) -> None:  # fmt: skip
     """Decode step medians, aligned vs churning batches, alternated ``rounds`` times."""
     from tandem.workers.backends import build_backend
@@ -232,23 +273,40 @@ def main(
     stop = spawn.Event()
     router = spawn.Process(target=stand_in_router, args=(address, stop), daemon=True)
     router.start()
+    go = spawn.Event()
+    neighbours = ["idle"]
+    if neighbour_cpus:
+        neighbours = ["idle", "busy"]
+        args = (parse_cpus(neighbour_cpus), neighbour_threads, go, stop)
+        spawn.Process(target=busy_neighbour, args=args, daemon=True).start()
     rows = []
     try:
         for r in range(rounds):
             for b in sizes:
                 for mode in names:
-                    row = run_mode(backend, mode, b, steps, r, (address, ready)) | {"round": r}
-                    rows.append(row)
-                    click.echo(json.dumps(row), err=True)
+                    for nb in neighbours if r % 2 == 0 else neighbours[::-1]:
+                        if nb == "busy":
+                            go.set()
+                            time.sleep(1.0)  # its model loaded and decoding
+                        try:
+                            row = run_mode(backend, mode, b, steps, r, (address, ready))
+                        finally:
+                            go.clear()
+                        row |= {"round": r, "neighbour": nb}
+                        rows.append(row)
+                        click.echo(json.dumps(row), err=True)
     finally:
         stop.set()
         router.join(timeout=5)
     summary = {
-        f"{mode}@{b}": statistics.median(
-            x["median_ms"] for x in rows if x["mode"] == mode and x["batch"] == b and x["median_ms"]
+        f"{mode}{'' if nb == 'idle' else '+busy'}@{b}": statistics.median(
+            x["median_ms"]
+            for x in rows
+            if (x["mode"], x["batch"], x["neighbour"]) == (mode, b, nb) and x["median_ms"]
         )
         for b in sizes
         for mode in names
+        for nb in neighbours
     }
     click.echo(json.dumps(summary))
     if out:

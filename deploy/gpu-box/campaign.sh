@@ -61,10 +61,12 @@ for s in "$@"; do
     mlx) stage mlx-vs-raw 300 $PY -m tandem.bench.mlx_compare --device gpu --batches 1,2,4,8,16 \
            --n-out 128 --repeats 3 --out "$out/mlx-vs-raw.md" ;;
     gap)  # the GPU worker's decode steps in-process, aligned vs churning batches, on
-      # the host cores the serving worker is pinned to (bench/step_gap.py)
+      # the host cores the serving worker is pinned to (bench/step_gap.py); GAP_NEIGHBOUR=1:
+      # each also beside a llama.cpp engine decoding on the CPU worker's cores
       stage step-gap 240 taskset -c 10-11 $PY -m tandem.bench.step_gap --backend mlx \
          --device gpu --batch "${GAP_BATCHES:-4,8}" --steps 256 --rounds 3 \
-         --modes "${GAP_MODES:-aligned,churn,serve,serve-switch}" --out "$out/step-gap.json" ;;
+         --modes "${GAP_MODES:-aligned,churn,serve,serve-switch}" \
+         ${GAP_NEIGHBOUR:+--neighbour-cpus 0-9 --neighbour-threads "$THREADS"} --out "$out/step-gap.json" ;;
     profile)
       stage profile-cpu 60 $PY -m tandem profile --backend llama.cpp --threads "$THREADS" --json
       profile_gpu profile-gpu ;;
