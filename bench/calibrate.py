@@ -116,10 +116,20 @@ def to_worker_rates(
     return out
 
 
-def group_served(group: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def group_served(group: Mapping[str, Any], shared: bool = False) -> dict[str, dict[str, Any]]:
     """One device model for every policy of a bench group: per worker, the median
-    over the group's runs of the served prefill rate and decode tok/s at each batch."""
+    over the group's runs of the served prefill rate and decode tok/s at each batch.
+
+    ``shared``: only the runs that sent requests to every worker (all runs when none
+    did). A worker's served speed can depend on the placement — on the H200 the GPU
+    decoded 0.6-0.8x as fast at batch 4 in runs it shared with a busy CPU worker as
+    in forced:gpu runs — so a model of shared runs prices split placements as they
+    were served."""
     runs = [r for c in group["cases"] for r in c["runs"] if r.get("served_rates")]
+    if shared:
+        ids = {w for r in runs for w in r["served_rates"]}
+        split = [r for r in runs if {x.get("worker") for x in r.get("records", [])} >= ids]
+        runs = split or runs
     out: dict[str, dict[str, Any]] = {}
     for wid in sorted({w for r in runs for w in r["served_rates"]}):
         rates = [r["served_rates"][wid] for r in runs if wid in r["served_rates"]]

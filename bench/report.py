@@ -222,9 +222,10 @@ def twin_table(group: dict[str, Any]) -> list[str]:
     if not cases:
         return []
     first = next(r["twin_oracle"] for c in cases for r in c["runs"])
+    runs = "runs that used every worker" if group.get("twin_served_from") == "shared" else "runs"
     lines = [
         "Twin oracle: the run's arrivals replayed through the twin with every request "
-        "pinned, on the workers' served step times (median over this group's runs); the "
+        f"pinned, on the workers' served step times (median over this group's {runs}); the "
         f"best placement found ({'every placement tried' if first['exact'] else 'search'}; "
         f"run 1: {first['requests']}, {first['makespan_s']:.2f} s):",
         "",

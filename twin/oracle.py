@@ -145,21 +145,27 @@ def run_placement(run: Mapping[str, Any], n: int) -> tuple[str, ...]:
 
 
 def annotate(
-    doc: dict[str, Any], encode: Any, budget: int = DEFAULT_BUDGET, progress: Any = None
+    doc: dict[str, Any],
+    encode: Any,
+    budget: int = DEFAULT_BUDGET,
+    progress: Any = None,
+    shared: bool = False,
 ) -> int:
     """Add ``twin_oracle`` to every run of a bench result whose group carries served
     rates and whose requests all completed; returns how many runs got one. One
-    device model per group (``group_served``), so every policy meets the same
-    yardstick; one search per arrival schedule (runs with the same index share it).
-    ``encode``: the served model's tokenizer (prompts decide prefix-cache hits)."""
+    device model per group (``group_served``; ``shared``: from the runs that used
+    every worker), so every policy meets the same yardstick; one search per arrival
+    schedule (runs with the same index share it). ``encode``: the served model's
+    tokenizer (prompts decide prefix-cache hits)."""
     from tandem.bench.spec import parse_worker
 
     done = 0
     for group in doc["groups"]:
-        served = group_served(group)
+        served = group_served(group, shared)
         if not served:
             continue
         group["twin_served"] = served
+        group["twin_served_from"] = "shared" if shared else "all"
         wl = Workload.from_json(group["workload"])
         book = PromptBook(encode, wl)
         active = {

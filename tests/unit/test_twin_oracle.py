@@ -81,6 +81,8 @@ def test_served_rates_become_devices_and_a_result_is_annotated():
     }  # fmt: skip
     model = group_served(group)
     assert model["cpu-m2"]["decode_tok_s"] == [60.0, 90.0]  # the median of 40/80, 60/120
+    # From the runs that used every worker only: the split run's rates alone.
+    assert group_served(group, shared=True)["cpu-m2"]["decode_tok_s"] == [80.0, 120.0]
     specs = served_devices(model, {"cpu-m2": 2, "gpu-m2": 2})
     assert specs[0].profile.decode_step_s == pytest.approx((1 / 60, 2 / 90))
     doc = {"config": {"seed": 0, "workers": [{"id": "cpu-m2", "spec": "sim:cpu-m2:id=cpu-m2"},
