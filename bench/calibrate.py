@@ -116,23 +116,32 @@ def to_worker_rates(
     return out
 
 
-def group_served(group: Mapping[str, Any], shared: bool = False) -> dict[str, dict[str, Any]]:
+def group_served(group: Mapping[str, Any], runs_of: str = "all") -> dict[str, dict[str, Any]]:
     """One device model for every policy of a bench group: per worker, the median
     over the group's runs of the served prefill rate and decode tok/s at each batch.
 
-    ``shared``: only the runs that sent requests to every worker (all runs when none
-    did). A worker's served speed can depend on the placement — on the H200 the GPU
-    decoded 0.6-0.8x as fast at batch 4 in runs it shared with a busy CPU worker as
-    in forced:gpu runs — so a model of shared runs prices split placements as they
-    were served."""
+    ``runs_of``: "all" runs; "shared", those that sent requests to every worker;
+    "alone", per worker those that sent requests to it alone (either falls back to
+    all runs when there is none). A worker's served speed can depend on the
+    placement — on the H200 the GPU decoded 0.6-0.8x as fast at batch 4 in runs it
+    shared with a busy CPU worker as in forced:gpu runs — so split placements are
+    priced by shared runs and one-worker placements by runs alone."""
+    if runs_of not in ("all", "shared", "alone"):
+        raise ValueError(f"runs_of {runs_of!r}: all, shared or alone")
     runs = [r for c in group["cases"] for r in c["runs"] if r.get("served_rates")]
-    if shared:
-        ids = {w for r in runs for w in r["served_rates"]}
-        split = [r for r in runs if {x.get("worker") for x in r.get("records", [])} >= ids]
-        runs = split or runs
+    ids = {w for r in runs for w in r["served_rates"]}
+
+    def used(run: Mapping[str, Any]) -> set[str]:
+        return {x["worker"] for x in run.get("records", []) if x.get("worker")}
+
     out: dict[str, dict[str, Any]] = {}
-    for wid in sorted({w for r in runs for w in r["served_rates"]}):
-        rates = [r["served_rates"][wid] for r in runs if wid in r["served_rates"]]
+    for wid in sorted(ids):
+        pick = runs
+        if runs_of == "shared":
+            pick = [r for r in runs if used(r) >= ids] or runs
+        elif runs_of == "alone":
+            pick = [r for r in runs if used(r) == {wid}] or runs
+        rates = [r["served_rates"][wid] for r in pick if wid in r["served_rates"]]
         width = min(len(x["decode_tok_s"]) for x in rates)
         out[wid] = {
             "prefill_tok_s": statistics.median(x["prefill_tok_s"] for x in rates),

@@ -222,7 +222,11 @@ def twin_table(group: dict[str, Any]) -> list[str]:
     if not cases:
         return []
     first = next(r["twin_oracle"] for c in cases for r in c["runs"])
-    runs = "runs that used every worker" if group.get("twin_served_from") == "shared" else "runs"
+    runs = {
+        "shared": "runs that used every worker",
+        "placement": "runs that used every worker for split placements, over the runs "
+        "of that worker alone for one-worker placements",
+    }.get(group.get("twin_served_from", "all"), "runs")
     lines = [
         "Twin oracle: the run's arrivals replayed through the twin with every request "
         f"pinned, on the workers' served step times (median over this group's {runs}); the "

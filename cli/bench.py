@@ -240,9 +240,11 @@ def merge(results: tuple[str, ...], out_dir: str, policies: tuple[str, ...]) -> 
 @click.argument("result", type=click.Path(exists=True, dir_okay=False))
 @click.option("--budget", type=int, default=400, show_default=True,
               help="Twin replays per arrival schedule (when not exhaustive).")  # fmt: skip
-@click.option("--served-from", type=click.Choice(["all", "shared"]), default="all",
-              show_default=True, help="The device model: the median over all runs of a "
-              "group, or over the runs that used every worker.")  # fmt: skip
+@click.option("--served-from", type=click.Choice(["placement", "shared", "all"]),
+              default="placement", show_default=True, help="The device model, a median "
+              "over a group's runs: split placements on the runs that used every worker "
+              "and one-worker placements on the runs of that worker alone; or one model "
+              "for all placements from the shared runs / all runs.")  # fmt: skip
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Output folder [default: beside RESULT].")  # fmt: skip
 def twin_oracle(result: str, budget: int, served_from: str, out_dir: str | None) -> None:
@@ -263,7 +265,7 @@ def twin_oracle(result: str, budget: int, served_from: str, out_dir: str | None)
         click.echo(f"{label} run {index + 1}: best {res['makespan_s']:.2f} s {res['requests']}, "
                    f"own {res['own_makespan_s']:.2f} s", err=True)  # fmt: skip
 
-    n = annotate(doc, encode, budget, progress=say, shared=served_from == "shared")
+    n = annotate(doc, encode, budget, progress=say, served_from=served_from)
     out = Path(out_dir) if out_dir else Path(result).parent
     save(doc, out)
     write_outputs(doc, out)

@@ -83,8 +83,10 @@ class PlacementSearch:
         arrivals: Sequence[Arrival],
         book: PromptBook,
         seeds_prefix: bool,
+        alone: Sequence[TwinWorkerSpec] | None = None,
     ) -> None:
         self.specs, self.arrivals, self.book = list(specs), list(arrivals), book
+        self.alone = list(alone) if alone is not None else self.specs  # one-worker placements
         self.seeds_prefix = seeds_prefix
         self.ids = [s.worker_id for s in self.specs]
         self.seen: dict[tuple[str, ...], float] = {}
@@ -94,7 +96,8 @@ class PlacementSearch:
         key = tuple(placement)
         if key not in self.seen:
             pins = {a.index: w for a, w in zip(self.arrivals, key, strict=True)}
-            rep = replay(self.specs, "least_loaded", self.arrivals, self.book,
+            specs = self.alone if len(set(key)) == 1 else self.specs
+            rep = replay(specs, "least_loaded", self.arrivals, self.book,
                          seed_prefix=self.seeds_prefix, placement=pins)  # fmt: skip
             t0 = min(r.submit_s for r in rep.records)
             self.seen[key] = max(r.token_s[-1] for r in rep.records if r.token_s) - t0
@@ -149,23 +152,27 @@ def annotate(
     encode: Any,
     budget: int = DEFAULT_BUDGET,
     progress: Any = None,
-    shared: bool = False,
+    served_from: str = "placement",
 ) -> int:
     """Add ``twin_oracle`` to every run of a bench result whose group carries served
     rates and whose requests all completed; returns how many runs got one. One
-    device model per group (``group_served``; ``shared``: from the runs that used
-    every worker), so every policy meets the same yardstick; one search per arrival
-    schedule (runs with the same index share it). ``encode``: the served model's
-    tokenizer (prompts decide prefix-cache hits)."""
+    device model per group (``group_served``), so every policy meets the same
+    yardstick — ``served_from`` "placement": split placements on the speeds of the
+    runs that used every worker, one-worker placements on those of the runs that
+    used that worker alone; "all" / "shared": one model for every placement, from
+    all runs / the shared ones. One search per arrival schedule (runs with the same
+    index share it). ``encode``: the served model's tokenizer (prompts decide
+    prefix-cache hits)."""
     from tandem.bench.spec import parse_worker
 
     done = 0
     for group in doc["groups"]:
-        served = group_served(group, shared)
+        split = "shared" if served_from == "placement" else served_from
+        served = group_served(group, split)
         if not served:
             continue
         group["twin_served"] = served
-        group["twin_served_from"] = "shared" if shared else "all"
+        group["twin_served_from"] = served_from
         wl = Workload.from_json(group["workload"])
         book = PromptBook(encode, wl)
         active = {
@@ -173,13 +180,17 @@ def annotate(
             for w in doc["config"]["workers"]
         }
         devices = served_devices(served, active)
+        alone = None
+        if served_from == "placement":
+            group["twin_served_alone"] = lone = group_served(group, "alone")
+            alone = served_devices(lone, active)
         runs: dict[int, list[dict[str, Any]]] = {}
         for case in group["cases"]:
             for run in case["runs"]:
                 runs.setdefault(run["run"], []).append(run)
         for index, same in sorted(runs.items()):
             arrivals = wl.arrivals(doc["config"]["seed"] + index)
-            search = PlacementSearch(devices, arrivals, book, wl.seeds_prefix)
+            search = PlacementSearch(devices, arrivals, book, wl.seeds_prefix, alone)
             owns = [run_placement(r, len(arrivals)) for r in same]
             best = search.best([o for o in owns if "" not in o], budget)
             for run, own in zip(same, owns, strict=True):

@@ -82,7 +82,11 @@ def test_served_rates_become_devices_and_a_result_is_annotated():
     model = group_served(group)
     assert model["cpu-m2"]["decode_tok_s"] == [60.0, 90.0]  # the median of 40/80, 60/120
     # From the runs that used every worker only: the split run's rates alone.
-    assert group_served(group, shared=True)["cpu-m2"]["decode_tok_s"] == [80.0, 120.0]
+    assert group_served(group, "shared")["cpu-m2"]["decode_tok_s"] == [80.0, 120.0]
+    # Alone: per worker, the runs that used it alone (none for the CPU: all runs).
+    alone = group_served(group, "alone")
+    assert alone["gpu-m2"]["decode_tok_s"] == [30.0, 55.0]
+    assert alone["cpu-m2"]["decode_tok_s"] == [60.0, 90.0]
     specs = served_devices(model, {"cpu-m2": 2, "gpu-m2": 2})
     assert specs[0].profile.decode_step_s == pytest.approx((1 / 60, 2 / 90))
     doc = {"config": {"seed": 0, "workers": [{"id": "cpu-m2", "spec": "sim:cpu-m2:id=cpu-m2"},
@@ -97,3 +101,23 @@ def test_served_rates_become_devices_and_a_result_is_annotated():
     assert summary["twin_placement_loss"]["mean"] == pytest.approx(
         a["own_makespan_s"] / a["makespan_s"]
     )
+
+
+def test_one_worker_placements_replay_on_the_alone_devices():
+    """The placement-aware model: a split placement runs on the shared runs' speeds,
+    everything-on-one-worker on the speeds that worker served at alone."""
+    wl, book = _burst(4)
+    arr = wl.arrivals(0)
+    fast = {
+        "cpu-m2": {"prefill_tok_s": 80.0, "decode_tok_s": [40.0, 60.0]},
+        "gpu-m2": {"prefill_tok_s": 3000.0, "decode_tok_s": [60.0, 110.0]},
+    }
+    slow = {w: {**r, "decode_tok_s": [x / 2 for x in r["decode_tok_s"]]} for w, r in fast.items()}
+    active = {"cpu-m2": 2, "gpu-m2": 2}
+    mixed = PlacementSearch(served_devices(fast, active), arr, book, True,
+                            alone=served_devices(slow, active))  # fmt: skip
+    only_fast = PlacementSearch(served_devices(fast, active), arr, book, True)
+    only_slow = PlacementSearch(served_devices(slow, active), arr, book, True)
+    alone, split = ("gpu-m2",) * 4, ("cpu-m2", "gpu-m2") * 2
+    assert mixed.makespan(alone) == only_slow.makespan(alone) > only_fast.makespan(alone)
+    assert mixed.makespan(split) == only_fast.makespan(split)
