@@ -46,6 +46,11 @@ WARMUP_CONTEXT = 512  # the profile's default decode context: measured alike, co
 WARMUP_STEPS = 8  # decode steps measured per batch size at start (medians: stalls vanish)
 SKIP_STEPS = 2  # decode steps at a new batch size left out of the timing
 MIN_REPEATS = 3  # samples per batch size: a median of 3 outvotes one stall
+# The warm-up's decode rows differ in length by this many tokens each, as serving's
+# do (requests arrive at different times with different prompts): a ragged batch
+# needs an attention mask, and MLX on CUDA then leaves its fused decode attention.
+# Equal rows measured the H200's GPU 1.4-2x faster than it served bursts.
+RAGGED_TOKENS = 3
 
 
 @dataclass(frozen=True)
@@ -137,11 +142,12 @@ def measure_decode(
     context: int = WARM_PROMPT_TOKENS,
 ) -> float:
     """Aggregate decode tok/s with ``batch`` requests decoding together after
-    ``context``-token prompts."""
+    prompts of ``context`` tokens and a few fewer (rows of unequal length, as in
+    serving: ``RAGGED_TOKENS``)."""
     engine, out = _engine(backend, batch, step_tokens)
     n_out = decode_tokens + 1 + SKIP_STEPS
     for i in range(batch):
-        prompt = _prompt(rng, context, backend.vocab_size)
+        prompt = _prompt(rng, max(1, context - RAGGED_TOKENS * i), backend.vocab_size)
         engine.submit(
             Request(
                 f"decode-{batch}-{i}", prompt, SamplingParams(max_tokens=n_out, ignore_eos=True)
@@ -184,8 +190,9 @@ def warm_up(
     a worker serves pay it (MLX on CUDA: ~150 ms a step at first). The measuring
     pass then times, through a real Engine and its step timer, one prompt of a full
     prefill chunk plus a partial one, and ``measure_steps`` decode steps at batch
-    sizes 1, 2, 4, ... and ``max_active`` after ``context``-token prompts (the
-    context serving decodes at; the profile's own). Step medians make one stall
+    sizes 1, 2, 4, ... and ``max_active`` after prompts of about ``context`` tokens
+    (the context serving decodes at; the profile's own), rows of unequal length
+    (``RAGGED_TOKENS``) as in serving. Step medians make one stall
     harmless. The worker folds the result into the rates it advertises and hands
     the statistics to its serving engine, so the router's live model starts with
     them instead of a profile's word or a guess.
@@ -204,14 +211,14 @@ def warm_up(
         params = SamplingParams(max_tokens=1, prefill_only=True)
         engine.submit(Request("warm-prefill", prompt, params))
         _drain(engine)
-        prefix = _prompt(rng, context - 1, backend.vocab_size)
+        prefix = _prompt(rng, context - RAGGED_TOKENS * max_active, backend.vocab_size)
         for b in sizes:
             # Decoding starts as each prompt ends: the first keeps decoding while the
             # others finish theirs, so outputs last long enough for all b to decode together.
             params = SamplingParams(max_tokens=measure_steps + SKIP_STEPS + b + 1, ignore_eos=True)
             for i in range(b):
-                prompt = [*prefix, *_prompt(rng, 1, backend.vocab_size)]
-                engine.submit(Request(f"warm-{b}-{i}", prompt, params))
+                tail = _prompt(rng, 1 + RAGGED_TOKENS * i, backend.vocab_size)
+                engine.submit(Request(f"warm-{b}-{i}", [*prefix, *tail], params))
             _drain(engine)
         for handle in engine.cache.clear():  # the backend keeps nothing of the warm-up
             backend.free(handle)

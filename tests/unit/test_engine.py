@@ -218,11 +218,21 @@ def test_warm_up_runs_a_full_chunk_and_every_power_of_two_batch_then_holds_nothi
 
     backend = FakeBackend()
     backend.is_eog = lambda token: False  # the fake's scripted EOS must not end decodes early
+    lengths: list[list[int]] = []
+    run = backend.run
+
+    def spy(decode, prefill):
+        lengths.append([len(r.prompt) for r in decode])
+        return run(decode, prefill)
+
+    backend.run = spy
     warm_up(backend, max_active=6, step_tokens=32)
     chunks = {n for _, prefill in backend.steps for _, n in prefill}
     assert 32 in chunks  # a full prefill chunk, then the rest of the prompt
     batches = {len(decode) for decode, _ in backend.steps if decode}
     assert {1, 2, 4, 6} <= batches
+    # Rows of unequal length, as serving's are (a ragged batch takes MLX's masked path).
+    assert all(len(set(rows)) == len(rows) for rows in lengths)
     assert not backend.kv  # every warm-up request's KV was released
 
 
