@@ -2,20 +2,19 @@
 
 On the H200 the router priced the GPU worker, at the end of serving runs, 1.1-2.3x
 slower per decode step than the same worker's warm-up had measured
-(docs/results/h200/matrix-warm/). A serving worker differs from its warm-up in
-two ways at once: its batch churns (requests at different positions, one
-finishing and another admitted with its cached prefix every few steps), and it
-serves (an I/O thread sending every step's tokens, heartbeats, the router).
-This tool measures the first in-process, with the engine's own step timer (the
-numbers the router prices with), so a run on the box says which of the two the
-gap lives in:
+(docs/results/h200/matrix-warm/, matrix-warm2/). A serving worker differs from its
+warm-up in three ways at once: its batch is ragged and churns (rows of different
+lengths, one finishing and another admitted with its cached prefix every few
+steps), it serves (an I/O thread sending every step's tokens, heartbeats), and
+other workers run beside it. This tool times decode steps in-process with the
+engine's own step timer (the numbers the router prices with), one factor at a
+time, modes alternated per round:
 
-- ``aligned``: the warm-up's pattern — ``b`` requests after one shared cached
+- ``aligned``: the old warm-up's pattern — ``b`` requests after one shared cached
   prefix, started together, decoding side by side to the end;
 - ``churn``: ``b`` slots kept full for ``steps`` steps by requests of staggered
   lengths after the same cached prefix, so every few steps one finishes (its KV
-  stored in the prefix cache) and the next is admitted (its prefix restored).
-
+  stored in the prefix cache) and the next is admitted (its prefix restored);
 - ``serve``: ``churn`` inside a serving process: the engine's tokens and
   heartbeats go out through the worker's real I/O thread (workers/io.py) to a
   stand-in router in another process (on other cores) that welcomes the worker and
@@ -26,17 +25,15 @@ gap lives in:
   other for the GIL;
 - ``aligned-mask`` / ``aligned-addmask`` (MLX only): ``aligned`` with an attention
   mask although no row is padded, boolean / additive (0 or -inf) — what a ragged
-  batch's mask alone costs; ``churn-addmask``: ``churn`` with the additive mask.
+  batch's mask alone costs; ``churn-addmask``: ``churn`` with the additive mask;
+- ``--neighbour-cpus``: every mode also beside a llama.cpp engine decoding 4
+  requests nonstop on those cores in another process (as the CPU worker does when
+  a router splits a burst), idle / busy alternated.
 
-If ``churn`` matches what serving showed, the batching pattern costs it; if it
-matches ``aligned`` and ``serve`` matches serving, the serving process does.
-
-``--neighbour-cpus`` adds the third suspect, the machine: every mode then also runs
-with a llama.cpp engine decoding 4 requests nonstop on those cores in another
-process (as the CPU worker does beside the GPU worker when a router splits a
-burst), alternating idle / busy. On the box the GPU's served decode rate at its
-full batch was 0.45-0.8x lower in runs that kept the CPU worker busy than in
-forced:gpu runs of the same bench group.
+On the box (matrix-warm2/README.md): churn cost 1.2-1.6x over aligned in one call
+and did not repeat in the next; serving through the I/O thread cost nothing beyond
+churn; a forced mask +24-26 % in two rounds of three. The neighbour is untested
+there.
 
     python -m tandem.bench.step_gap --backend mlx --device gpu --batch 4,8 --out gap.json
 """
