@@ -217,7 +217,9 @@ def served_table(group: dict[str, Any]) -> list[str]:
 
 def twin_table(group: dict[str, Any]) -> list[str]:
     """Per policy: measured against the twin's best placement, split into what the
-    placement lost and what the twin's device model misses (twin/oracle.py)."""
+    placement lost (itself split: the run's live prices against the policy's own
+    choices on right prices, and the policy's objective against the best) and what
+    the twin's device model misses (twin/oracle.py)."""
     cases = [c for c in group["cases"] if "vs_twin_oracle" in _summary(c)]
     if not cases:
         return []
@@ -234,12 +236,15 @@ def twin_table(group: dict[str, Any]) -> list[str]:
         f"run 1: {first['requests']}, {first['makespan_s']:.2f} s):",
         "",
         "| policy | measured / twin best | placement loss (twin own / twin best) "
-        "| model gap (measured / twin own) |",
-        "| --- | --- | --- | --- |",
+        "| = pricing (twin own / policy in the twin) | x objective (policy in the twin / "
+        "twin best) | model gap (measured / twin own) |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
+    keys = ("vs_twin_oracle", "twin_placement_loss", "twin_pricing_loss",
+            "twin_objective_loss", "twin_model_gap")  # fmt: skip
     for c in cases:
         s = _summary(c)
-        cells = [_ms(s, k) for k in ("vs_twin_oracle", "twin_placement_loss", "twin_model_gap")]
+        cells = [_ms(s, k) if k in s else "-" for k in keys]
         lines.append(f"| {c['router_policy']} | " + " | ".join(cells) + " |")
     return lines
 

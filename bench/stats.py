@@ -129,6 +129,15 @@ def summarize_runs(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]
         series["vs_twin_oracle"] = [m / t["makespan_s"] for m, t in twin]
         series["twin_placement_loss"] = [t["own_makespan_s"] / t["makespan_s"] for _, t in twin]
         series["twin_model_gap"] = [m / t["own_makespan_s"] for m, t in twin]
+        if all("policy_makespan_s" in t for _, t in twin):
+            # placement loss = pricing loss (own / the policy priced right) x
+            # objective loss (the policy priced right / the best placement)
+            series["twin_pricing_loss"] = [
+                t["own_makespan_s"] / t["policy_makespan_s"] for _, t in twin
+            ]
+            series["twin_objective_loss"] = [
+                t["policy_makespan_s"] / t["makespan_s"] for _, t in twin
+            ]
     out = {}
     for key, xs in series.items():
         mean, std = mean_std(xs)

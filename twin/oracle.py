@@ -99,9 +99,16 @@ class PlacementSearch:
             specs = self.alone if len(set(key)) == 1 else self.specs
             rep = replay(specs, "least_loaded", self.arrivals, self.book,
                          seed_prefix=self.seeds_prefix, placement=pins)  # fmt: skip
-            t0 = min(r.submit_s for r in rep.records)
-            self.seen[key] = max(r.token_s[-1] for r in rep.records if r.token_s) - t0
+            self.seen[key] = _makespan(rep)
         return self.seen[key]
+
+    def policy_makespan(self, policy: str) -> float:
+        """The run's arrivals under ``policy`` itself, priced by the twin's devices
+        from the start (a forced policy on the alone devices, any other on the
+        shared ones): what the policy's objective reaches with its prices right."""
+        specs = self.alone if policy.startswith("forced:") else self.specs
+        rep = replay(specs, policy, self.arrivals, self.book, seed_prefix=self.seeds_prefix)
+        return _makespan(rep)
 
     def best(self, starts: Sequence[Sequence[str]], budget: int = DEFAULT_BUDGET) -> Best:
         """The best placement found (module docstring); ``starts``: placements to
@@ -122,6 +129,11 @@ class PlacementSearch:
                 if self.makespan(moved) < self.makespan(best) - 1e-9:
                     best, improved = moved, True
         return Best(self.makespan(best), best, False, len(self.seen))
+
+
+def _makespan(rep: Any) -> float:
+    t0 = min(r.submit_s for r in rep.records)
+    return max(r.token_s[-1] for r in rep.records if r.token_s) - t0
 
 
 def _patterns_for(ids: Sequence[str], n: int) -> list[tuple[str, ...]]:
@@ -184,19 +196,20 @@ def annotate(
         if served_from == "placement":
             group["twin_served_alone"] = lone = group_served(group, "alone")
             alone = served_devices(lone, active)
-        runs: dict[int, list[dict[str, Any]]] = {}
+        runs: dict[int, list[tuple[str, dict[str, Any]]]] = {}
         for case in group["cases"]:
             for run in case["runs"]:
-                runs.setdefault(run["run"], []).append(run)
+                runs.setdefault(run["run"], []).append((case["router_policy"], run))
         for index, same in sorted(runs.items()):
             arrivals = wl.arrivals(doc["config"]["seed"] + index)
             search = PlacementSearch(devices, arrivals, book, wl.seeds_prefix, alone)
-            owns = [run_placement(r, len(arrivals)) for r in same]
+            owns = [run_placement(r, len(arrivals)) for _, r in same]
             best = search.best([o for o in owns if "" not in o], budget)
-            for run, own in zip(same, owns, strict=True):
+            for (policy, run), own in zip(same, owns, strict=True):
                 if "" in own:  # a failed request: nothing to compare
                     continue
                 run["twin_oracle"] = best.to_json(search.makespan(own))
+                run["twin_oracle"]["policy_makespan_s"] = search.policy_makespan(policy)
                 done += 1
                 if progress is not None:
                     progress(group["label"], index, run["twin_oracle"])

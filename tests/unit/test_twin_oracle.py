@@ -76,8 +76,9 @@ def test_served_rates_become_devices_and_a_result_is_annotated():
 
     group = {
         "label": "g", "max_active": 2, "workload": wl.to_json(),
-        "cases": [{"runs": [run(["gpu-m2"] * 4, served)]},
-                  {"runs": [run(["cpu-m2", "gpu-m2"] * 2, faster)]}],
+        "cases": [{"router_policy": "forced:gpu-m2", "runs": [run(["gpu-m2"] * 4, served)]},
+                  {"router_policy": "finish_time",
+                   "runs": [run(["cpu-m2", "gpu-m2"] * 2, faster)]}],
     }  # fmt: skip
     model = group_served(group)
     assert model["cpu-m2"]["decode_tok_s"] == [60.0, 90.0]  # the median of 40/80, 60/120
@@ -100,6 +101,14 @@ def test_served_rates_become_devices_and_a_result_is_annotated():
     summary = group["cases"][0]["summary"]  # recomputed: the report shows the twin's split
     assert summary["twin_placement_loss"]["mean"] == pytest.approx(
         a["own_makespan_s"] / a["makespan_s"]
+    )
+    # The policy replayed on the twin's prices: forced:gpu places what its run did,
+    # and the placement loss splits into pricing x objective.
+    assert a["policy_makespan_s"] == pytest.approx(a["own_makespan_s"])
+    assert b["policy_makespan_s"] >= b["makespan_s"] - 1e-9
+    s = group["cases"][1]["summary"]
+    assert s["twin_pricing_loss"]["mean"] * s["twin_objective_loss"]["mean"] == pytest.approx(
+        s["twin_placement_loss"]["mean"]
     )
 
 
