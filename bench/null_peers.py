@@ -80,11 +80,13 @@ def null_worker(address: str, mode: str, stop: Any) -> None:
                 except zmq.Again:
                     break
                 msg = msgpack.unpackb(frame)
-                if msg.get("type") in ("assign", "submit"):
-                    rid, n = msg["request_id"], max(1, msg["sampling"]["max_tokens"])
-                    active[rid] = [n, p.encode(p.TokenDelta(rid, [7], "x"))]
-                elif _resend(msg) is not None:
-                    sock.send(p.encode(ready("null", spec, with_spec=bool(_resend(msg)))))
+                # A router sends a turn's Assigns as one batch (protocol 5).
+                for m in msg["messages"] if msg.get("type") == "batch" else [msg]:
+                    if m.get("type") in ("assign", "submit"):
+                        rid, n = m["request_id"], max(1, m["sampling"]["max_tokens"])
+                        active[rid] = [n, p.encode(p.TokenDelta(rid, [7], "x"))]
+                    elif _resend(m) is not None:
+                        sock.send(p.encode(ready("null", spec, with_spec=bool(_resend(m)))))
         if not active:
             continue
         # One step: a token for every active request, in one frame as a worker's I/O

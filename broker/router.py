@@ -2,7 +2,9 @@
 
 Two ROUTER sockets: clients connect to one, workers to the other. Every frame is
 decoded by common.protocol; anything malformed gets an Error reply (or a log
-line) and never reaches the state below.
+line) and never reaches the state below. What the router owes clients (and
+workers their Assigns) is queued and sent at the end of each phase of a turn,
+one frame per peer (``_flush``): its cost is per frame.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class Router:
         self._by_client: dict[tuple[bytes, str], str] = {}
         self._by_identity: dict[bytes, str] = {}  # worker socket identity -> worker id
         self._hb_frames: dict[bytes, bytes] = {}  # identity -> its last heartbeat's bytes
+        self._accepts: list[tuple[ClientRequest, p.Accepted]] = []  # written once sent
         self._expiry_at = 0.0  # monotonic time of the next liveness walk
 
     # ------------------------------------------------------------ loop
@@ -141,6 +144,7 @@ class Router:
         if self.drain_workers() and now >= self._expiry_at:
             self.expire_workers()  # it walks every worker: not more often than EXPIRE_EVERY_S
             self._expiry_at = now + EXPIRE_EVERY_S
+        self._flush()  # whatever expiring workers failed
         adm = self.cfg.admission
         more = not self._drain(self.client_sock, self.on_client, adm.client_frames_per_turn)
         return self.dispatch_pending(limit=adm.routes_per_turn) or more
@@ -178,7 +182,22 @@ class Router:
                     self._hb_frames[identity] = parts[1]
         for pending in self.outbox.take_all():  # token deltas coalesced over this drain
             self._send_tokens(pending)
+        self._flush()
         return emptied or not sock.sock.poll(0, zmq.POLLIN)
+
+    def _flush(self) -> None:
+        """Send what the router owes its peers, one frame each (common/transport.py):
+        workers first, so that a request whose Assign did not leave is queued again
+        before its client is told it was accepted."""
+        for identity, lost in self.worker_sock.flush():
+            self._assigns_lost(identity, lost)
+        if self._accepts:
+            accepts, self._accepts = self._accepts, []
+            for req, accepted in accepts:
+                if req.wid is not None and self.requests.get(req.wid) is req:
+                    self.client_sock.queue(req.client, accepted)
+        for identity, lost in self.client_sock.flush():
+            self._client_gone(identity, lost)
 
     def _same_heartbeat(self, identity: bytes, frame: bytes) -> bool:
         """A registered worker's heartbeat, byte for byte its last one (an idle worker
@@ -203,7 +222,7 @@ class Router:
 
     # ------------------------------------------------------------ clients
     def on_client(self, identity: bytes, msg: p.Message | p.ProtocolError) -> None:
-        reply = self.client_sock.send
+        reply = self.client_sock.queue
         if isinstance(msg, p.ProtocolError):
             log.info("rejected client frame: %s", msg.message)
             self.metrics.on_rejected("client", msg.code)
@@ -241,7 +260,7 @@ class Router:
             units = prompt_units(msg) + self.pending.units
             problem = self.admission.full_problem(len(self.pending), units)
         if problem:
-            self.client_sock.send(identity, self.admission.error(problem, msg, len(self.pending)))
+            self.client_sock.queue(identity, self.admission.error(problem, msg, len(self.pending)))
             return
         req = ClientRequest(identity, msg, time.monotonic())
         req.deadline = req.received + self.cfg.no_worker_wait_s
@@ -253,9 +272,8 @@ class Router:
             for req in list(self.pending):
                 if (req.client, req.submit.request_id) == (identity, request_id):
                     self.pending.remove(req)
-                    self.client_sock.send(
-                        identity, p.Done(request_id, p.FinishReason.CANCELLED, {})
-                    )
+                    done = p.Done(request_id, p.FinishReason.CANCELLED, {})
+                    self.client_sock.queue(identity, done)
                     self.metrics.on_outcome(req.policy, "cancelled")
             return  # unknown or finished: cancel is idempotent
         req = self.requests[wid]
@@ -264,6 +282,12 @@ class Router:
     # ------------------------------------------------------------ routing
     def dispatch_pending(self, limit: int | None = None) -> bool:
         """Route waiting requests in order; True when ``limit`` routes left some behind."""
+        try:
+            return self._dispatch(limit)
+        finally:
+            self._flush()
+
+    def _dispatch(self, limit: int | None) -> bool:
         now, routed = time.monotonic(), 0
         while self.pending:
             req = self.pending[0]
@@ -368,11 +392,9 @@ class Router:
         wid = self.ids.next()
         cached = next(v.cached_tokens for v in views if v.id == w.id)
         resume = len(req.output_ids)
-        assign = p.Assign(wid, tokens, req.continued_sampling(), resume)
-        if not self.worker_sock.send(w.identity, assign):
-            self._drop_worker(w, "unreachable")
-            self.pending.appendleft(req)
-            return
+        # Queued: the turn's Assigns to one worker leave in one frame (_flush; one that
+        # cannot leave puts its request back in the queue, _assigns_lost).
+        self.worker_sock.queue(w.identity, p.Assign(wid, tokens, req.continued_sampling(), resume))
         req.wid, req.worker_id, req.t_assigned = wid, w.id, time.monotonic()
         req.prompt_tokens, req.cached_estimate = len(req.tokens or ()), cached
         prefill_only = sub.sampling.prefill_only
@@ -382,7 +404,35 @@ class Router:
         self.requests[wid] = req
         self._by_client[(req.client, sub.request_id)] = wid
         if not resume:  # a migrated stream goes on as one stream: no second Accepted
-            self.client_sock.send(req.client, p.Accepted(sub.request_id, w.id, len(tokens), cached))
+            self._accepts.append((req, p.Accepted(sub.request_id, w.id, len(tokens), cached)))
+
+    def _assigns_lost(self, identity: bytes, lost: list[p.Message]) -> None:
+        """Assigns that could not be sent: the worker is gone; their requests wait for
+        another, first in the queue, as if never assigned (no reroute counted)."""
+        w, again = self._worker_by_identity(identity), []
+        for msg in lost:
+            req = self.requests.get(msg.request_id) if isinstance(msg, p.Assign) else None
+            if req is not None and w is not None and req.worker_id == w.id:
+                self._forget(w, req)
+                req.wid = req.worker_id = None
+                again.append(req)
+        if w is not None:
+            self._drop_worker(w, "unreachable")
+        self.pending.extendleft(reversed(again))
+
+    def _client_gone(self, identity: bytes, lost: list[p.Message]) -> None:
+        """Frames a client could not be sent (it left, or stopped reading): stop
+        spending workers on its requests."""
+        for msg in lost:
+            wid = self._by_client.get((identity, getattr(msg, "request_id", None) or ""))
+            req = self.requests.get(wid) if wid else None
+            if req is None:
+                continue
+            w = self.workers.get(req.worker_id or "")
+            if w is not None:
+                self.worker_sock.send(w.identity, p.Cancel(wid or ""))
+                self._forget(w, req)
+            self.metrics.on_outcome(req.policy, "client_gone")
 
     # ------------------------------------------------------------ workers
     def on_worker(self, identity: bytes, msg: p.Message | p.ProtocolError) -> None:
@@ -500,20 +550,16 @@ class Router:
             self.calibration.on_done(msg.stats, msg.finish_reason, req.budget)
             self._send_buffered(req)
             stats = req.final_stats(msg.stats, time.monotonic(), req.policy)
-            self.client_sock.send(req.client, p.Done(sub.request_id, msg.finish_reason, stats))
+            self.client_sock.queue(req.client, p.Done(sub.request_id, msg.finish_reason, stats))
             self.metrics.on_done(req.policy, msg.finish_reason, stats)
         else:
-            self.client_sock.send(req.client, p.Error(msg.code, msg.message, sub.request_id))
+            self.client_sock.queue(req.client, p.Error(msg.code, msg.message, sub.request_id))
             self.metrics.on_outcome(req.policy, msg.code)
 
     def _send_tokens(self, pending: Pending) -> None:
-        req, w = pending.req, pending.worker
+        req = pending.req
         delta = p.TokenDelta(req.submit.request_id, pending.token_ids, pending.text)
-        if not self.client_sock.send(req.client, delta):
-            # The client is gone (or not reading): stop spending the worker on it.
-            self.worker_sock.send(w.identity, p.Cancel(req.wid or ""))
-            self._forget(w, req)
-            self.metrics.on_outcome(req.policy, "client_gone")
+        self.client_sock.queue(req.client, delta)  # a client gone: _client_gone
 
     def expire_workers(self) -> None:
         now = time.monotonic()
@@ -555,8 +601,7 @@ class Router:
     def _forget(self, w: WorkerState, req: ClientRequest) -> None:
         pending = self.outbox.pop(req.wid or "")
         if pending is not None:  # its tokens go out before whatever ends the request
-            self.client_sock.send(req.client, p.TokenDelta(
-                req.submit.request_id, pending.token_ids, pending.text))  # fmt: skip
+            self._send_tokens(pending)
         w.untrack(req.wid or "")
         self.requests.pop(req.wid or "", None)
         self._by_client.pop((req.client, req.submit.request_id), None)
@@ -565,9 +610,8 @@ class Router:
         """A request whose worker died after its last token but before its Done."""
         self._send_buffered(req)
         stats = req.final_stats({"output_tokens": 0}, time.monotonic(), req.policy)
-        self.client_sock.send(
-            req.client, p.Done(req.submit.request_id, p.FinishReason.LENGTH, stats)
-        )
+        done = p.Done(req.submit.request_id, p.FinishReason.LENGTH, stats)
+        self.client_sock.queue(req.client, done)
 
     def _welcome(self) -> p.Welcome:
         return p.Welcome(policy=self.policy.name, epoch=self.ids.epoch)
@@ -576,12 +620,11 @@ class Router:
         """stream=False: the whole output in one TokenDelta, just before the Done."""
         if not req.submit.stream and req.output_ids:
             text = "".join(req.buffer_text)
-            self.client_sock.send(
-                req.client, p.TokenDelta(req.submit.request_id, req.output_ids, text)
-            )
+            delta = p.TokenDelta(req.submit.request_id, req.output_ids, text)
+            self.client_sock.queue(req.client, delta)
 
     def _fail(self, req: ClientRequest, code: str, message: str) -> None:
-        self.client_sock.send(req.client, p.Error(code, message, req.submit.request_id))
+        self.client_sock.queue(req.client, p.Error(code, message, req.submit.request_id))
         self.metrics.on_outcome(req.policy, code)
 
     def _worker_by_identity(self, identity: bytes) -> WorkerState | None:

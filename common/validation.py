@@ -29,6 +29,7 @@ MAX_COUNT = 1 << 40  # token counters in heartbeats
 MAX_ROWS = 1 << 16  # requests one heartbeat may list
 MAX_TOKENS_PER_FRAME = 1 << 16  # token ids in one TokenDelta (and in all of a StepTokens)
 MAX_DELTAS_PER_FRAME = 1 << 12  # requests in one StepTokens
+MAX_BATCH = 1 << 12  # messages in one batch frame
 MAX_TOKEN_ID = 1 << 31
 MAX_TEXT_CHARS = 1 << 20
 MAX_STATS_KEYS = 64
@@ -46,6 +47,8 @@ Check = Callable[[Any], "Problem | None"]
 
 def message_problem(msg: p.Message) -> Problem | None:
     """What puts ``msg`` outside the protocol's bounds, or None."""
+    if msg.TYPE == "batch":  # its entries are checked one by one as it is unpacked
+        return _within("len(messages)", len(msg.messages), 1, MAX_BATCH)  # type: ignore[attr-defined]
     # The fast walk decides; only a frame it refuses pays for naming the place.
     if not _tree_ok(msg.__dict__, 0):
         problem = _tree_problem(msg.__dict__, 0)
