@@ -436,6 +436,10 @@ class Router:
 
     # ------------------------------------------------------------ workers
     def on_worker(self, identity: bytes, msg: p.Message | p.ProtocolError) -> None:
+        if isinstance(msg, p.Batch):  # what the worker's I/O thread found waiting together
+            for entry in p.entries(msg):
+                self.on_worker(identity, entry)
+            return
         if isinstance(msg, p.ProtocolError):
             log.warning("rejected worker frame from %r: %s", identity, msg.message)
             self.metrics.on_rejected("worker", msg.code)

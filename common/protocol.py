@@ -333,12 +333,14 @@ class ResyncCache(Message):
 
 @dataclass
 class Batch(Message):
-    """Router -> client or worker: what the router owes one peer after one pass of its
-    loop (a client's Accepteds, tokens and Dones; a worker's Assigns), in order, in
-    one frame: each entry is a message's map without ``v`` (the frame's covers it).
-    The router's cost is per frame, not per message (docs/results/router-overhead.md).
-    Receivers read it with ``decode_all`` (or ``DealerSocket.recv``) as if every
-    entry had come in its own frame; a peer never sends one to the router."""
+    """Several messages for one peer in one frame, in order; each entry is a message's
+    map without ``v`` (the frame's covers it). The router sends a client or worker
+    what one pass of its loop owes it (Accepteds, tokens, Dones; Assigns); a worker's
+    I/O thread sends the router what it finds waiting together (a step's tokens and
+    Dones). The router's cost is per frame, not per message
+    (docs/results/router-overhead.md). Receivers read it with ``decode_all`` /
+    ``entries`` (or ``DealerSocket.recv``) as if every entry had come in its own
+    frame; clients never send one."""
 
     TYPE: ClassVar[str] = "batch"
     messages: list[dict[str, Any]]
@@ -453,10 +455,13 @@ def decode_all(frame: bytes) -> list[Message | ProtocolError]:
     ProtocolError in its place; the others still count). Raises ProtocolError when
     the frame itself cannot be read."""
     msg = decode(frame)
-    if type(msg) is not Batch:
-        return [msg]
+    return entries(msg) if type(msg) is Batch else [msg]
+
+
+def entries(batch: Batch) -> list[Message | ProtocolError]:
+    """A decoded batch's messages, as ``decode_all`` gives them."""
     out: list[Message | ProtocolError] = []
-    for body in msg.messages:
+    for body in batch.messages:
         rid = body.get("request_id")
         try:
             out.append(_build(body, rid if type(rid) is str else None, in_batch=True))

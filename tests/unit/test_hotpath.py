@@ -11,6 +11,7 @@ import random
 import time
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from tandem.broker.ledger import PromptBlocks
@@ -320,3 +321,20 @@ def test_a_client_may_not_send_a_batch(h: Harness) -> None:
     assert isinstance(reply, p.Error) and reply.code == p.BAD_REQUEST and "batch" in reply.message
     assert not h.router.requests and not h.router.pending
     h.submit("r2", [1, 2, 3])  # still serving
+
+
+def test_a_worker_batch_is_handled_entry_by_entry_and_a_bad_entry_refused(h: Harness) -> None:
+    wid1, wid2 = _two_requests_on_a(h)
+    sock = h.workers["a"]
+    done = p.Done(wid1, p.FinishReason.LENGTH, {"output_tokens": 1})
+    bad = {"type": "tokens", "request_id": wid2, "token_ids": [-3], "text": ""}
+    step = p.StepTokens([wid1, wid2], [[10], [20]], ["a", "b"])
+    later = p.TokenDelta(wid2, [21], "c")
+    entries = [p.batch_entry(step), p.batch_entry(done), msgpack.packb(bad), p.batch_entry(later)]
+    sock.sock.send(p.join_batch(entries))
+    h.pump()
+    err = h.recv(sock)  # the bad entry, answered with its id; the rest relayed in order
+    assert isinstance(err, p.Error) and err.request_id == wid2 and "token id" in err.message
+    got = [(type(m).__name__, m.request_id) for m in _client_msgs(h)]
+    assert got == [("TokenDelta", "r1"), ("Done", "r1"), ("TokenDelta", "r2")]
+    assert h.router.requests[wid2].output_ids == [20, 21]
