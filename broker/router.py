@@ -14,6 +14,7 @@ import gc
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -463,11 +464,12 @@ class Router:
             if not w.cache.apply(msg.cache, time.monotonic()):
                 self.worker_sock.send(identity, p.ResyncCache())
             self.metrics.on_heartbeat(w, w.rates(self.cfg.calibrate))
-        elif isinstance(msg, p.TokenDelta | p.Done | p.Error):
-            self.relay(w, msg)
         elif isinstance(msg, p.StepTokens):  # several requests' deltas in one frame
-            for delta in msg.deltas():
-                self.relay(w, delta)
+            self.relay_tokens(w, msg.request_ids, msg.token_ids, msg.texts)
+        elif isinstance(msg, p.TokenDelta):
+            self.relay_tokens(w, (msg.request_id,), (msg.token_ids,), (msg.text,))
+        elif isinstance(msg, p.Done | p.Error):
+            self.relay(w, msg)
         elif isinstance(msg, p.Goodbye):
             self._drop_worker(w, "said goodbye")
         else:
@@ -522,7 +524,34 @@ class Router:
         )
         self.worker_sock.send(identity, self._welcome())
 
-    def relay(self, w: WorkerState, msg: p.TokenDelta | p.Done | p.Error) -> None:
+    def relay_tokens(
+        self, w: WorkerState, wids: Sequence[str], ids: Sequence[list[int]], texts: Sequence[str]
+    ) -> None:
+        """Token deltas from ``w`` (entry i: ``wids[i]``'s ``ids[i]`` and ``texts[i]``),
+        noted and queued for their clients without a message object per delta; what is
+        per worker (liveness, the token counter) is done once per frame."""
+        now, relayed, n_tokens, requests = time.monotonic(), 0, 0, self.requests
+        for wid, token_ids, text in zip(wids, ids, texts, strict=True):
+            req = requests.get(wid)
+            if req is None:
+                continue  # e.g. a late token after a cancel: nothing to relay to
+            if foreign_frame(req.worker_id, w.id):
+                log.warning("worker %s sent tokens for %s, assigned to %s: ignored",
+                            w.id, wid, req.worker_id)  # fmt: skip
+                continue
+            req.on_tokens(token_ids, text, now)
+            relayed, n_tokens = relayed + 1, n_tokens + len(token_ids)
+            routed = w.inflight.get(wid)
+            if routed is not None:
+                routed.tokens_seen += len(token_ids)
+                w.progressed(wid)  # its decode budget shrank: recomputed at the next view
+            if req.submit.stream:  # sent at the end of this drain, with any others of it
+                self.outbox.add(w, req, token_ids, text)
+        if relayed:
+            self.liveness.on_output(w.id, now)
+            self.metrics.on_tokens(w.id, n_tokens)
+
+    def relay(self, w: WorkerState, msg: p.Done | p.Error) -> None:
         wid = msg.request_id
         req = self.requests.get(wid) if wid else None
         if req is not None and foreign_frame(req.worker_id, w.id):
@@ -536,16 +565,6 @@ class Router:
         sub = req.submit
         now = time.monotonic()
         self.liveness.on_output(w.id, now)
-        if isinstance(msg, p.TokenDelta):
-            req.on_tokens(msg, now)
-            self.metrics.on_tokens(w.id, len(msg.token_ids))
-            routed = w.inflight.get(wid)
-            if routed is not None:
-                routed.tokens_seen += len(msg.token_ids)
-                w.progressed(wid)  # its decode budget shrank: recomputed at the next view
-            if sub.stream:  # sent at the end of this drain, with any others of this request
-                self.outbox.add(w, req, msg.token_ids, msg.text)
-            return
         if isinstance(msg, p.Done):
             w.finished(wid or "", now)  # its prompt is cached there: before _forget untracks
         self._forget(w, req)

@@ -182,21 +182,25 @@ def _done(m: p.Done) -> Problem | None:
 
 
 def _tokens(m: p.TokenDelta) -> Problem | None:
-    ids, rid = m.token_ids, m.request_id
+    return _delta(m.request_id, m.token_ids, m.text)
+
+
+def _delta(rid: str, ids: list[int], text: str) -> Problem | None:
+    """One delta's bounds (a TokenDelta's, or an entry of a StepTokens)."""
     common_case = (
         0 < len(rid) <= MAX_ID_CHARS
         and rid.isprintable()
         and len(ids) <= MAX_TOKENS_PER_FRAME
         and (not ids or (min(ids) >= 0 and max(ids) <= MAX_TOKEN_ID))
-        and len(m.text) <= MAX_TEXT_CHARS
+        and len(text) <= MAX_TEXT_CHARS
     )
     if common_case:
         return None  # checked without a call per token; otherwise name the problem
     return _first(
-        _id_problem("request_id", m.request_id),
-        _within("len(token_ids)", len(m.token_ids), 0, MAX_TOKENS_PER_FRAME),
-        *(_within("token id", t, 0, MAX_TOKEN_ID) for t in m.token_ids),
-        _within("len(text)", len(m.text), 0, MAX_TEXT_CHARS),
+        _id_problem("request_id", rid),
+        _within("len(token_ids)", len(ids), 0, MAX_TOKENS_PER_FRAME),
+        *(_within("token id", t, 0, MAX_TOKEN_ID) for t in ids),
+        _within("len(text)", len(text), 0, MAX_TEXT_CHARS),
     )
 
 
@@ -212,8 +216,8 @@ def _step_tokens(m: p.StepTokens) -> Problem | None:
     total = sum(map(len, m.token_ids))
     if total > MAX_TOKENS_PER_FRAME:
         return _within("token ids in the frame", total, 0, MAX_TOKENS_PER_FRAME)
-    for delta in m.deltas():
-        problem = _tokens(delta)
+    for entry in zip(m.request_ids, m.token_ids, m.texts, strict=True):
+        problem = _delta(*entry)
         if problem is not None:
             return problem
     return None

@@ -338,3 +338,17 @@ def test_a_worker_batch_is_handled_entry_by_entry_and_a_bad_entry_refused(h: Har
     got = [(type(m).__name__, m.request_id) for m in _client_msgs(h)]
     assert got == [("TokenDelta", "r1"), ("Done", "r1"), ("TokenDelta", "r2")]
     assert h.router.requests[wid2].output_ids == [20, 21]
+
+
+def test_tokens_for_another_workers_request_or_an_unknown_one_are_not_relayed(
+    h: Harness,
+) -> None:
+    wid1, wid2 = _two_requests_on_a(h)
+    h.add_worker("b", RATES)
+    h.workers["b"].send(p.StepTokens([wid1, "nobody"], [[66], [67]], ["b?", "?"]))
+    h.workers["a"].send(p.StepTokens([wid2, "gone", wid1], [[20], [21], [10]], ["x", "y", "z"]))
+    h.pump()
+    got = {m.request_id: (m.token_ids, m.text) for m in _client_msgs(h)}
+    assert got == {"r1": ([10], "z"), "r2": ([20], "x")}
+    assert h.router.requests[wid1].output_ids == [10]
+    assert h.router.metrics.totals["tokens_relayed"] == 2
