@@ -452,7 +452,10 @@ class Router:
     def on_worker(self, identity: bytes, msg: p.Message | p.ProtocolError) -> None:
         if isinstance(msg, p.Batch):  # what the worker's I/O thread found waiting together
             for entry in p.entries(msg):
-                self.on_worker(identity, entry)
+                try:
+                    self.on_worker(identity, entry)
+                except Exception:  # as _drain does per frame: the other entries still count
+                    log.exception("router failed handling %r from %r", entry, identity)
             return
         if isinstance(msg, p.ProtocolError):
             log.warning("rejected worker frame from %r: %s", identity, msg.message)

@@ -352,3 +352,21 @@ def test_tokens_for_another_workers_request_or_an_unknown_one_are_not_relayed(
     assert got == {"r1": ([10], "z"), "r2": ([20], "x")}
     assert h.router.requests[wid1].output_ids == [10]
     assert h.router.metrics.totals["tokens_relayed"] == 2
+
+
+def test_a_bug_on_one_batch_entry_does_not_lose_the_others(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wid1, wid2 = _two_requests_on_a(h)
+    relay = h.router.relay
+
+    def flaky(w, msg):  # noqa: ANN001, ANN202 - the router's own signature
+        if msg.request_id == wid1:
+            raise RuntimeError("a bug")
+        return relay(w, msg)
+
+    monkeypatch.setattr(h.router, "relay", flaky)
+    done = [p.Done(wid, p.FinishReason.LENGTH, {"output_tokens": 0}) for wid in (wid1, wid2)]
+    h.workers["a"].sock.send(p.encode_batch(done))
+    h.pump()
+    assert [(type(m), m.request_id) for m in _client_msgs(h)] == [(p.Done, "r2")]
