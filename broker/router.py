@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -86,7 +87,8 @@ class Router:
         self._by_client: dict[tuple[bytes, str], str] = {}
         self._by_identity: dict[bytes, str] = {}  # worker socket identity -> worker id
         self._hb_frames: dict[bytes, bytes] = {}  # identity -> its last heartbeat's bytes
-        self._accepts: list[tuple[ClientRequest, p.Accepted]] = []  # written once sent
+        # Accepteds held until their request's first output or their time (oldest first).
+        self._accepts: dict[str, tuple[ClientRequest, p.Accepted, float]] = {}
         # Metrics hooks run after the frames they count have left (_flush): at low load
         # they took ~45 us per request on the way to the worker and back to the client.
         self._settle: list[tuple[Any, tuple[Any, ...]]] = []
@@ -115,7 +117,7 @@ class Router:
                     # short-lived objects of each request, cost more than a decision.
                     gc.freeze()
                     frozen_at = len(self.workers)
-                ready = dict(poller.poll(timeout=0 if more else 100))
+                ready = dict(poller.poll(timeout=0 if more else self._poll_ms()))
                 if not (more or self.requests or self.pending):
                     # Idle: what woke us is heartbeats (or a client). Let heartbeats
                     # gather for a moment, waking at once for a client: one turn then
@@ -202,10 +204,7 @@ class Router:
         for identity, lost in self.worker_sock.flush():
             self._assigns_lost(identity, lost)
         if self._accepts:
-            accepts, self._accepts = self._accepts, []
-            for req, accepted in accepts:
-                if req.wid is not None and self.requests.get(req.wid) is req:
-                    self.client_sock.queue(req.client, accepted)
+            self._release_accepts(time.monotonic())
         for identity, lost in self.client_sock.flush():
             self._client_gone(identity, lost)
         if self._settle:
@@ -418,7 +417,31 @@ class Router:
         self.requests[wid] = req
         self._by_client[(req.client, sub.request_id)] = wid
         if not resume:  # a migrated stream goes on as one stream: no second Accepted
-            self._accepts.append((req, p.Accepted(sub.request_id, w.id, len(tokens), cached)))
+            accepted = p.Accepted(sub.request_id, w.id, len(tokens), cached)
+            self._accepts[wid] = (req, accepted, time.monotonic() + self.cfg.accept_hold_ms / 1e3)
+
+    def _release_accepts(self, now: float) -> None:
+        """Accepteds whose hold is over go out alone (they are held oldest first)."""
+        due = []
+        for wid, (_, _, at) in self._accepts.items():
+            if at > now:
+                break
+            due.append(wid)
+        for wid in due:
+            self._release_accept(wid)
+
+    def _release_accept(self, wid: str) -> None:
+        """``wid``'s Accepted, if still held, goes first in what its client gets next."""
+        held = self._accepts.pop(wid, None)
+        if held is not None:
+            self.client_sock.queue(held[0].client, held[1])
+
+    def _poll_ms(self) -> int:
+        """How long the loop may wait for input: until the first held Accepted is due."""
+        if not self._accepts:
+            return 100
+        first = next(iter(self._accepts.values()))[2]
+        return max(0, min(100, math.ceil((first - time.monotonic()) * 1e3)))
 
     def _assigns_lost(self, identity: bytes, lost: list[p.Message]) -> None:
         """Assigns that could not be sent: the worker is gone; their requests wait for
@@ -427,6 +450,7 @@ class Router:
         for msg in lost:
             req = self.requests.get(msg.request_id) if isinstance(msg, p.Assign) else None
             if req is not None and w is not None and req.worker_id == w.id:
+                self._accepts.pop(msg.request_id, None)  # it was never accepted there
                 self._forget(w, req)
                 req.wid = req.worker_id = None
                 again.append(req)
@@ -597,6 +621,7 @@ class Router:
 
     def _send_tokens(self, pending: Pending) -> None:
         req = pending.req
+        self._release_accept(req.wid or "")  # with its first tokens, in one frame
         delta = p.TokenDelta(req.submit.request_id, pending.token_ids, pending.text)
         self.client_sock.queue(req.client, delta)  # a client gone: _client_gone
 
@@ -638,6 +663,7 @@ class Router:
         self.pending.extendleft(reversed(again))  # ahead of newer requests, in their order
 
     def _forget(self, w: WorkerState, req: ClientRequest) -> None:
+        self._release_accept(req.wid or "")  # before whatever ends (or moves) the request
         pending = self.outbox.pop(req.wid or "")
         if pending is not None:  # its tokens go out before whatever ends the request
             self._send_tokens(pending)

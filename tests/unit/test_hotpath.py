@@ -370,3 +370,28 @@ def test_a_bug_on_one_batch_entry_does_not_lose_the_others(
     h.workers["a"].sock.send(p.encode_batch(done))
     h.pump()
     assert [(type(m), m.request_id) for m in _client_msgs(h)] == [(p.Done, "r2")]
+
+
+def test_an_accepted_waits_briefly_to_leave_with_the_first_output(tmp_path: Path) -> None:
+    h = Harness(tmp_path, accept_hold_ms=200.0)
+    try:
+        h.add_worker("a", RATES)
+        h.client.send(p.Submit("fast", tokens=[1, 2, 3], sampling=p.SamplingParams(1)))
+        h.pump()
+        wid = h.assigned("a").request_id
+        assert not h.client.sock.poll(50)  # held: the output may come with it
+        done = p.Done(wid, p.FinishReason.LENGTH, {"output_tokens": 1})
+        h.workers["a"].sock.send(p.encode_batch([p.TokenDelta(wid, [7], "x"), done]))
+        h.pump()
+        (frame,) = _raw_frames(h.client)  # one frame: Accepted, the token, the Done
+        assert [type(m) for m in frame] == [p.Accepted, p.TokenDelta, p.Done]
+        h.client.send(p.Submit("slow", tokens=[1, 2, 3], sampling=p.SamplingParams(1)))
+        h.pump()
+        assert not h.client.sock.poll(50)
+        time.sleep(0.2)  # no output within the hold: it goes alone
+        h.router.turn()
+        (frame,) = _raw_frames(h.client)
+        assert [(type(m), m.request_id) for m in frame] == [(p.Accepted, "slow")]
+        assert h.router._poll_ms() == 100  # nothing held: the loop's usual wait
+    finally:
+        h.close()
