@@ -1,7 +1,8 @@
 """The processes around a router under test, none of them doing real work.
 
-- ``null_worker``: answers every request at once: ``max_tokens`` token frames (one
-  per step per request, like a real engine) then Done. It speaks to a tandem
+- ``null_worker``: answers every request at once: ``max_tokens`` steps, each one
+  frame with a token for every running request and the Dones of those that ended
+  (as a real worker's I/O thread sends a step, workers/io.py). It speaks to a tandem
   router (Ready, Assign), a plain relay or a client directly (Submit): the same
   bytes in every mode, so the router's own cost is what differs.
 - ``plain_relay``: the floor a relay in Python can reach: two ROUTER sockets,
@@ -80,28 +81,32 @@ def null_worker(address: str, mode: str, stop: Any) -> None:
                 except zmq.Again:
                     break
                 msg = msgpack.unpackb(frame)
-                if msg.get("type") in ("assign", "submit"):
-                    rid, n = msg["request_id"], max(1, msg["sampling"]["max_tokens"])
-                    active[rid] = [n, p.encode(p.TokenDelta(rid, [7], "x"))]
-                elif _resend(msg) is not None:
-                    sock.send(p.encode(ready("null", spec, with_spec=bool(_resend(msg)))))
+                # A router sends a turn's Assigns as one batch (protocol 5).
+                for m in msg["messages"] if msg.get("type") == "batch" else [msg]:
+                    if m.get("type") in ("assign", "submit"):
+                        rid, n = m["request_id"], max(1, m["sampling"]["max_tokens"])
+                        active[rid] = [n, p.TokenDelta(rid, [7], "x")]
+                    elif _resend(m) is not None:
+                        sock.send(p.encode(ready("null", spec, with_spec=bool(_resend(m)))))
         if not active:
             continue
-        # One step: a token for every active request, in one frame as a worker's I/O
-        # thread sends what the engine emitted together (workers/io.py), then the Dones.
+        # One step: a token for every active request, then the Dones, in one frame as a
+        # worker's I/O thread sends what the engine emitted together (workers/io.py).
         rids = list(active)
         if len(rids) == 1:
-            sock.send(active[rids[0]][1])
+            tokens = active[rids[0]][1]
         else:
             n = len(rids)
-            sock.send(p.encode(p.StepTokens(rids, [[7]] * n, ["x"] * n)))
+            tokens = p.StepTokens(rids, [[7]] * n, ["x"] * n)
+        dones = []
         for rid in rids:
             state = active[rid]
             state[0] -= 1
             if state[0] == 0:
                 del active[rid]
                 stats = {"output_tokens": 1, "prompt_tokens": 1, "cached_tokens": 0}
-                sock.send(p.encode(p.Done(rid, p.FinishReason.LENGTH, stats)))
+                dones.append(p.Done(rid, p.FinishReason.LENGTH, stats))
+        sock.send(p.encode_batch([tokens, *dones]) if dones else p.encode(tokens))
     sock.close(0)
 
 

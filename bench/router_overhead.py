@@ -120,7 +120,7 @@ def _warm(sock: zmq.Socket, timeout_s: float = 30.0) -> None:
         sock.send(_submit(f"warm{n}", 1))
         end = time.monotonic() + 1.0
         while sock.poll(max(1, int((end - time.monotonic()) * 1000))):
-            if msgpack.unpackb(sock.recv()).get("type") == "done":
+            if any(m.get("type") == "done" for m in _messages(sock.recv())):
                 while sock.poll(200):
                     sock.recv()
                 return
@@ -142,17 +142,24 @@ def _drive(sock: zmq.Socket, frames: list[bytes], window: int) -> tuple[float, i
             raise RuntimeError(f"stalled after {len(latencies)} of {len(frames)} requests")
         while True:
             try:
-                msg = msgpack.unpackb(sock.recv(zmq.NOBLOCK))
+                frame = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            kind = msg.get("type")
-            if kind == "tokens":
-                tokens += len(msg["token_ids"])
-            elif kind == "step_tokens":  # direct and plain relay: the worker's own frames
-                tokens += sum(map(len, msg["token_ids"]))
-            elif kind in ("done", "error"):
-                latencies.append(time.perf_counter() - sent_at.pop(msg["request_id"]))
+            for msg in _messages(frame):
+                kind = msg.get("type")
+                if kind == "tokens":
+                    tokens += len(msg["token_ids"])
+                elif kind == "step_tokens":  # direct and plain relay: the worker's own frames
+                    tokens += sum(map(len, msg["token_ids"]))
+                elif kind in ("done", "error"):
+                    latencies.append(time.perf_counter() - sent_at.pop(msg["request_id"]))
     return time.perf_counter() - t0, tokens, latencies
+
+
+def _messages(frame: bytes) -> list[dict[str, Any]]:
+    """A frame's message maps: the one it holds, or a batch's (protocol 5)."""
+    msg = msgpack.unpackb(frame)
+    return msg["messages"] if msg.get("type") == "batch" else [msg]
 
 
 def _pct(xs: list[float], q: float) -> float:

@@ -27,6 +27,9 @@ class RouterConfig:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     no_progress_s: float = 30.0  # a worker holding requests this long without progress
     keys: str | None = None  # CURVE keys folder (common/auth.py); None: no authentication
+    # A request's Accepted waits this long for its first output and leaves in the same
+    # frame (a worker that answers fast: one frame to the client, not two); 0: at once.
+    accept_hold_ms: float = 2.0
 
     def __post_init__(self) -> None:
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
@@ -34,5 +37,7 @@ class RouterConfig:
         parse_policy(self.policy)  # raises ValueError on an unknown policy
         if self.decode_estimate not in DECODE_ESTIMATES:
             raise ValueError(f"decode_estimate must be one of {DECODE_ESTIMATES}")
+        if not 0 <= self.accept_hold_ms <= 1000:
+            raise ValueError("accept_hold_ms must be in 0..1000")
         if self.liveness_s <= 0 or self.no_worker_wait_s < 0 or self.no_progress_s <= 0:
             raise ValueError("liveness_s, no_progress_s must be > 0 and no_worker_wait_s >= 0")

@@ -82,12 +82,13 @@ class ClientRequest:
         seed = None if s.seed is None else (s.seed + done) % SEED_SPACE
         return dataclasses.replace(s, max_tokens=s.max_tokens - done, seed=seed)
 
-    def on_tokens(self, msg: p.TokenDelta, now: float) -> None:
-        if not self.t_first and msg.token_ids:
+    def on_tokens(self, token_ids: list[int], text: str, now: float) -> None:
+        """A delta relayed from its worker (``token_ids`` may be empty: held text)."""
+        if not self.t_first and token_ids:
             self.t_first = now
-        self.output_ids.extend(msg.token_ids)
+        self.output_ids.extend(token_ids)
         if not self.submit.stream:
-            self.buffer_text.append(msg.text)
+            self.buffer_text.append(text)
 
     def final_stats(self, worker_stats: dict[str, Any], now: float, policy: str) -> dict[str, Any]:
         """Worker stats plus what only the router can measure (its clock, end to end)."""

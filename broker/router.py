@@ -2,7 +2,9 @@
 
 Two ROUTER sockets: clients connect to one, workers to the other. Every frame is
 decoded by common.protocol; anything malformed gets an Error reply (or a log
-line) and never reaches the state below.
+line) and never reaches the state below. What the router owes clients (and
+workers their Assigns) is queued and sent at the end of each phase of a turn,
+one frame per peer (``_flush``): its cost is per frame.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import math
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +87,11 @@ class Router:
         self._by_client: dict[tuple[bytes, str], str] = {}
         self._by_identity: dict[bytes, str] = {}  # worker socket identity -> worker id
         self._hb_frames: dict[bytes, bytes] = {}  # identity -> its last heartbeat's bytes
+        # Accepteds held until their request's first output or their time (oldest first).
+        self._accepts: dict[str, tuple[ClientRequest, p.Accepted, float]] = {}
+        # Metrics hooks run after the frames they count have left (_flush): at low load
+        # they took ~45 us per request on the way to the worker and back to the client.
+        self._settle: list[tuple[Any, tuple[Any, ...]]] = []
         self._expiry_at = 0.0  # monotonic time of the next liveness walk
 
     # ------------------------------------------------------------ loop
@@ -108,14 +117,15 @@ class Router:
                     # short-lived objects of each request, cost more than a decision.
                     gc.freeze()
                     frozen_at = len(self.workers)
-                poller.poll(timeout=0 if more else 100)
+                ready = dict(poller.poll(timeout=0 if more else self._poll_ms()))
                 if not (more or self.requests or self.pending):
                     # Idle: what woke us is heartbeats (or a client). Let heartbeats
                     # gather for a moment, waking at once for a client: one turn then
                     # handles many, and the per-turn and cold-cache costs are shared.
                     client_wake.poll(timeout=IDLE_GATHER_MS)
+                    ready = None  # anything may have come meanwhile
                 start = time.monotonic()
-                more = self.turn()
+                more = self.turn(None if more else ready)
                 self.liveness.turn_took(start, time.monotonic())
         finally:
             self.worker_sock.sock.disable_monitor()
@@ -126,23 +136,29 @@ class Router:
             if self.decisions:
                 self.decisions.close()
 
-    def turn(self) -> bool:
+    def turn(self, ready: dict[Any, int] | None = None) -> bool:
         """One bounded slice of work; True when client work was left for the next turn.
 
         Worker frames are read in full before anything is expired, client work is
         bounded per turn (broker/admission.py), so heartbeats are never starved.
+        ``ready``: the sockets a poll found readable; the others are not read this
+        turn (an empty read costs ~20 us at low load). None: read every one.
         """
         now = time.monotonic()
-        if drain_events(self._monitor):
+        if (ready is None or self._monitor in ready) and drain_events(self._monitor):
             self.liveness.on_disconnect(now)
         if self.liveness.probe_due(now):
             self._probe_workers()
         # Workers first: finishing requests frees capacity for new ones.
-        if self.drain_workers() and now >= self._expiry_at:
+        skip = ready is not None and self.worker_sock.sock not in ready
+        if (skip or self.drain_workers()) and now >= self._expiry_at:
             self.expire_workers()  # it walks every worker: not more often than EXPIRE_EVERY_S
             self._expiry_at = now + EXPIRE_EVERY_S
+        self._flush()  # whatever expiring workers failed
         adm = self.cfg.admission
-        more = not self._drain(self.client_sock, self.on_client, adm.client_frames_per_turn)
+        more = False
+        if ready is None or self.client_sock.sock in ready:
+            more = not self._drain(self.client_sock, self.on_client, adm.client_frames_per_turn)
         return self.dispatch_pending(limit=adm.routes_per_turn) or more
 
     def drain_workers(self) -> bool:
@@ -178,7 +194,23 @@ class Router:
                     self._hb_frames[identity] = parts[1]
         for pending in self.outbox.take_all():  # token deltas coalesced over this drain
             self._send_tokens(pending)
+        self._flush()
         return emptied or not sock.sock.poll(0, zmq.POLLIN)
+
+    def _flush(self) -> None:
+        """Send what the router owes its peers, one frame each (common/transport.py):
+        workers first, so that a request whose Assign did not leave is queued again
+        before its client is told it was accepted."""
+        for identity, lost in self.worker_sock.flush():
+            self._assigns_lost(identity, lost)
+        if self._accepts:
+            self._release_accepts(time.monotonic())
+        for identity, lost in self.client_sock.flush():
+            self._client_gone(identity, lost)
+        if self._settle:
+            settle, self._settle = self._settle, []
+            for hook, args in settle:
+                hook(*args)
 
     def _same_heartbeat(self, identity: bytes, frame: bytes) -> bool:
         """A registered worker's heartbeat, byte for byte its last one (an idle worker
@@ -203,7 +235,7 @@ class Router:
 
     # ------------------------------------------------------------ clients
     def on_client(self, identity: bytes, msg: p.Message | p.ProtocolError) -> None:
-        reply = self.client_sock.send
+        reply = self.client_sock.queue
         if isinstance(msg, p.ProtocolError):
             log.info("rejected client frame: %s", msg.message)
             self.metrics.on_rejected("client", msg.code)
@@ -241,7 +273,7 @@ class Router:
             units = prompt_units(msg) + self.pending.units
             problem = self.admission.full_problem(len(self.pending), units)
         if problem:
-            self.client_sock.send(identity, self.admission.error(problem, msg, len(self.pending)))
+            self.client_sock.queue(identity, self.admission.error(problem, msg, len(self.pending)))
             return
         req = ClientRequest(identity, msg, time.monotonic())
         req.deadline = req.received + self.cfg.no_worker_wait_s
@@ -253,9 +285,8 @@ class Router:
             for req in list(self.pending):
                 if (req.client, req.submit.request_id) == (identity, request_id):
                     self.pending.remove(req)
-                    self.client_sock.send(
-                        identity, p.Done(request_id, p.FinishReason.CANCELLED, {})
-                    )
+                    done = p.Done(request_id, p.FinishReason.CANCELLED, {})
+                    self.client_sock.queue(identity, done)
                     self.metrics.on_outcome(req.policy, "cancelled")
             return  # unknown or finished: cancel is idempotent
         req = self.requests[wid]
@@ -264,6 +295,12 @@ class Router:
     # ------------------------------------------------------------ routing
     def dispatch_pending(self, limit: int | None = None) -> bool:
         """Route waiting requests in order; True when ``limit`` routes left some behind."""
+        try:
+            return self._dispatch(limit)
+        finally:
+            self._flush()
+
+    def _dispatch(self, limit: int | None) -> bool:
         now, routed = time.monotonic(), 0
         while self.pending:
             req = self.pending[0]
@@ -346,9 +383,9 @@ class Router:
             self._fail(req, code, f"{exc} that fits this request" if too_long else str(exc))
             return True
         req.policy = policy.name
-        self.metrics.on_decision(
-            sub.request_id, policy.name, rr, decision, views, time.perf_counter() - t0
-        )
+        elapsed_s = time.perf_counter() - t0
+        args = (sub.request_id, policy.name, rr, decision, views, elapsed_s)
+        self._settle.append((self.metrics.on_decision, args))
         if self.decisions:
             extra = self.calibration.log_fields()
             record = decision_record(sub.request_id, policy.name, rr, views, decision, extra)
@@ -368,11 +405,9 @@ class Router:
         wid = self.ids.next()
         cached = next(v.cached_tokens for v in views if v.id == w.id)
         resume = len(req.output_ids)
-        assign = p.Assign(wid, tokens, req.continued_sampling(), resume)
-        if not self.worker_sock.send(w.identity, assign):
-            self._drop_worker(w, "unreachable")
-            self.pending.appendleft(req)
-            return
+        # Queued: the turn's Assigns to one worker leave in one frame (_flush; one that
+        # cannot leave puts its request back in the queue, _assigns_lost).
+        self.worker_sock.queue(w.identity, p.Assign(wid, tokens, req.continued_sampling(), resume))
         req.wid, req.worker_id, req.t_assigned = wid, w.id, time.monotonic()
         req.prompt_tokens, req.cached_estimate = len(req.tokens or ()), cached
         prefill_only = sub.sampling.prefill_only
@@ -382,10 +417,70 @@ class Router:
         self.requests[wid] = req
         self._by_client[(req.client, sub.request_id)] = wid
         if not resume:  # a migrated stream goes on as one stream: no second Accepted
-            self.client_sock.send(req.client, p.Accepted(sub.request_id, w.id, len(tokens), cached))
+            accepted = p.Accepted(sub.request_id, w.id, len(tokens), cached)
+            self._accepts[wid] = (req, accepted, time.monotonic() + self.cfg.accept_hold_ms / 1e3)
+
+    def _release_accepts(self, now: float) -> None:
+        """Accepteds whose hold is over go out alone (they are held oldest first)."""
+        due = []
+        for wid, (_, _, at) in self._accepts.items():
+            if at > now:
+                break
+            due.append(wid)
+        for wid in due:
+            self._release_accept(wid)
+
+    def _release_accept(self, wid: str) -> None:
+        """``wid``'s Accepted, if still held, goes first in what its client gets next."""
+        held = self._accepts.pop(wid, None)
+        if held is not None:
+            self.client_sock.queue(held[0].client, held[1])
+
+    def _poll_ms(self) -> int:
+        """How long the loop may wait for input: until the first held Accepted is due."""
+        if not self._accepts:
+            return 100
+        first = next(iter(self._accepts.values()))[2]
+        return max(0, min(100, math.ceil((first - time.monotonic()) * 1e3)))
+
+    def _assigns_lost(self, identity: bytes, lost: list[p.Message]) -> None:
+        """Assigns that could not be sent: the worker is gone; their requests wait for
+        another, first in the queue, as if never assigned (no reroute counted)."""
+        w, again = self._worker_by_identity(identity), []
+        for msg in lost:
+            req = self.requests.get(msg.request_id) if isinstance(msg, p.Assign) else None
+            if req is not None and w is not None and req.worker_id == w.id:
+                self._accepts.pop(msg.request_id, None)  # it was never accepted there
+                self._forget(w, req)
+                req.wid = req.worker_id = None
+                again.append(req)
+        if w is not None:
+            self._drop_worker(w, "unreachable")
+        self.pending.extendleft(reversed(again))
+
+    def _client_gone(self, identity: bytes, lost: list[p.Message]) -> None:
+        """Frames a client could not be sent (it left, or stopped reading): stop
+        spending workers on its requests."""
+        for msg in lost:
+            wid = self._by_client.get((identity, getattr(msg, "request_id", None) or ""))
+            req = self.requests.get(wid) if wid else None
+            if req is None:
+                continue
+            w = self.workers.get(req.worker_id or "")
+            if w is not None:
+                self.worker_sock.send(w.identity, p.Cancel(wid or ""))
+                self._forget(w, req)
+            self.metrics.on_outcome(req.policy, "client_gone")
 
     # ------------------------------------------------------------ workers
     def on_worker(self, identity: bytes, msg: p.Message | p.ProtocolError) -> None:
+        if isinstance(msg, p.Batch):  # what the worker's I/O thread found waiting together
+            for entry in p.entries(msg):
+                try:
+                    self.on_worker(identity, entry)
+                except Exception:  # as _drain does per frame: the other entries still count
+                    log.exception("router failed handling %r from %r", entry, identity)
+            return
         if isinstance(msg, p.ProtocolError):
             log.warning("rejected worker frame from %r: %s", identity, msg.message)
             self.metrics.on_rejected("worker", msg.code)
@@ -409,11 +504,12 @@ class Router:
             if not w.cache.apply(msg.cache, time.monotonic()):
                 self.worker_sock.send(identity, p.ResyncCache())
             self.metrics.on_heartbeat(w, w.rates(self.cfg.calibrate))
-        elif isinstance(msg, p.TokenDelta | p.Done | p.Error):
-            self.relay(w, msg)
         elif isinstance(msg, p.StepTokens):  # several requests' deltas in one frame
-            for delta in msg.deltas():
-                self.relay(w, delta)
+            self.relay_tokens(w, msg.request_ids, msg.token_ids, msg.texts)
+        elif isinstance(msg, p.TokenDelta):
+            self.relay_tokens(w, (msg.request_id,), (msg.token_ids,), (msg.text,))
+        elif isinstance(msg, p.Done | p.Error):
+            self.relay(w, msg)
         elif isinstance(msg, p.Goodbye):
             self._drop_worker(w, "said goodbye")
         else:
@@ -468,7 +564,34 @@ class Router:
         )
         self.worker_sock.send(identity, self._welcome())
 
-    def relay(self, w: WorkerState, msg: p.TokenDelta | p.Done | p.Error) -> None:
+    def relay_tokens(
+        self, w: WorkerState, wids: Sequence[str], ids: Sequence[list[int]], texts: Sequence[str]
+    ) -> None:
+        """Token deltas from ``w`` (entry i: ``wids[i]``'s ``ids[i]`` and ``texts[i]``),
+        noted and queued for their clients without a message object per delta; what is
+        per worker (liveness, the token counter) is done once per frame."""
+        now, relayed, n_tokens, requests = time.monotonic(), 0, 0, self.requests
+        for wid, token_ids, text in zip(wids, ids, texts, strict=True):
+            req = requests.get(wid)
+            if req is None:
+                continue  # e.g. a late token after a cancel: nothing to relay to
+            if foreign_frame(req.worker_id, w.id):
+                log.warning("worker %s sent tokens for %s, assigned to %s: ignored",
+                            w.id, wid, req.worker_id)  # fmt: skip
+                continue
+            req.on_tokens(token_ids, text, now)
+            relayed, n_tokens = relayed + 1, n_tokens + len(token_ids)
+            routed = w.inflight.get(wid)
+            if routed is not None:
+                routed.tokens_seen += len(token_ids)
+                w.progressed(wid)  # its decode budget shrank: recomputed at the next view
+            if req.submit.stream:  # sent at the end of this drain, with any others of it
+                self.outbox.add(w, req, token_ids, text)
+        if relayed:
+            self.liveness.on_output(w.id, now)
+            self.metrics.on_tokens(w.id, n_tokens)
+
+    def relay(self, w: WorkerState, msg: p.Done | p.Error) -> None:
         wid = msg.request_id
         req = self.requests.get(wid) if wid else None
         if req is not None and foreign_frame(req.worker_id, w.id):
@@ -482,16 +605,6 @@ class Router:
         sub = req.submit
         now = time.monotonic()
         self.liveness.on_output(w.id, now)
-        if isinstance(msg, p.TokenDelta):
-            req.on_tokens(msg, now)
-            self.metrics.on_tokens(w.id, len(msg.token_ids))
-            routed = w.inflight.get(wid)
-            if routed is not None:
-                routed.tokens_seen += len(msg.token_ids)
-                w.progressed(wid)  # its decode budget shrank: recomputed at the next view
-            if sub.stream:  # sent at the end of this drain, with any others of this request
-                self.outbox.add(w, req, msg.token_ids, msg.text)
-            return
         if isinstance(msg, p.Done):
             w.finished(wid or "", now)  # its prompt is cached there: before _forget untracks
         self._forget(w, req)
@@ -500,20 +613,17 @@ class Router:
             self.calibration.on_done(msg.stats, msg.finish_reason, req.budget)
             self._send_buffered(req)
             stats = req.final_stats(msg.stats, time.monotonic(), req.policy)
-            self.client_sock.send(req.client, p.Done(sub.request_id, msg.finish_reason, stats))
-            self.metrics.on_done(req.policy, msg.finish_reason, stats)
+            self.client_sock.queue(req.client, p.Done(sub.request_id, msg.finish_reason, stats))
+            self._settle.append((self.metrics.on_done, (req.policy, msg.finish_reason, stats)))
         else:
-            self.client_sock.send(req.client, p.Error(msg.code, msg.message, sub.request_id))
+            self.client_sock.queue(req.client, p.Error(msg.code, msg.message, sub.request_id))
             self.metrics.on_outcome(req.policy, msg.code)
 
     def _send_tokens(self, pending: Pending) -> None:
-        req, w = pending.req, pending.worker
+        req = pending.req
+        self._release_accept(req.wid or "")  # with its first tokens, in one frame
         delta = p.TokenDelta(req.submit.request_id, pending.token_ids, pending.text)
-        if not self.client_sock.send(req.client, delta):
-            # The client is gone (or not reading): stop spending the worker on it.
-            self.worker_sock.send(w.identity, p.Cancel(req.wid or ""))
-            self._forget(w, req)
-            self.metrics.on_outcome(req.policy, "client_gone")
+        self.client_sock.queue(req.client, delta)  # a client gone: _client_gone
 
     def expire_workers(self) -> None:
         now = time.monotonic()
@@ -553,10 +663,10 @@ class Router:
         self.pending.extendleft(reversed(again))  # ahead of newer requests, in their order
 
     def _forget(self, w: WorkerState, req: ClientRequest) -> None:
+        self._release_accept(req.wid or "")  # before whatever ends (or moves) the request
         pending = self.outbox.pop(req.wid or "")
         if pending is not None:  # its tokens go out before whatever ends the request
-            self.client_sock.send(req.client, p.TokenDelta(
-                req.submit.request_id, pending.token_ids, pending.text))  # fmt: skip
+            self._send_tokens(pending)
         w.untrack(req.wid or "")
         self.requests.pop(req.wid or "", None)
         self._by_client.pop((req.client, req.submit.request_id), None)
@@ -565,9 +675,8 @@ class Router:
         """A request whose worker died after its last token but before its Done."""
         self._send_buffered(req)
         stats = req.final_stats({"output_tokens": 0}, time.monotonic(), req.policy)
-        self.client_sock.send(
-            req.client, p.Done(req.submit.request_id, p.FinishReason.LENGTH, stats)
-        )
+        done = p.Done(req.submit.request_id, p.FinishReason.LENGTH, stats)
+        self.client_sock.queue(req.client, done)
 
     def _welcome(self) -> p.Welcome:
         return p.Welcome(policy=self.policy.name, epoch=self.ids.epoch)
@@ -576,12 +685,11 @@ class Router:
         """stream=False: the whole output in one TokenDelta, just before the Done."""
         if not req.submit.stream and req.output_ids:
             text = "".join(req.buffer_text)
-            self.client_sock.send(
-                req.client, p.TokenDelta(req.submit.request_id, req.output_ids, text)
-            )
+            delta = p.TokenDelta(req.submit.request_id, req.output_ids, text)
+            self.client_sock.queue(req.client, delta)
 
     def _fail(self, req: ClientRequest, code: str, message: str) -> None:
-        self.client_sock.send(req.client, p.Error(code, message, req.submit.request_id))
+        self.client_sock.queue(req.client, p.Error(code, message, req.submit.request_id))
         self.metrics.on_outcome(req.policy, code)
 
     def _worker_by_identity(self, identity: bytes) -> WorkerState | None:

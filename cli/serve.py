@@ -74,6 +74,7 @@ R, E, W, A = RouterConfig, EngineConfig, WorkerConfig, AdmissionConfig
 @field_option(A, "queue_per_slot", "Queued requests a worker may hold per batch slot.")
 @field_option(A, "max_prompt_chars")
 @field_option(R, "no_progress_s", "Expire a worker holding requests with no progress this long.")
+@field_option(R, "accept_hold_ms", "Hold a request's Accepted this long for its first output.")
 @keys_option
 def router(
     client_addr: str,
@@ -91,6 +92,7 @@ def router(
     queue_per_slot: int,
     max_prompt_chars: int,
     no_progress_s: float,
+    accept_hold_ms: float,
     keys: str | None,
 ) -> None:
     """Run the router."""
@@ -116,6 +118,7 @@ def router(
                 max_prompt_chars=max_prompt_chars,
             ),
             no_progress_s=no_progress_s,
+            accept_hold_ms=accept_hold_ms,
             keys=str(keys_dir(keys)) if keys else None,
         )
     except ValueError as exc:

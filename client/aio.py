@@ -191,9 +191,12 @@ class AsyncClient:
 
     def _deliver(self, frame: bytes) -> None:
         try:
-            msg: p.Message = p.decode(frame)
+            msgs = p.decode_all(frame)  # one message, or a batch's in order
         except p.ProtocolError as exc:
-            msg = p.Error(exc.code, exc.message, exc.request_id)
-        box = self._boxes.get(request_id_of(msg))
-        if box is not None:
-            box.put_nowait(msg)
+            msgs = [exc]
+        for msg in msgs:
+            if isinstance(msg, p.ProtocolError):
+                msg = p.Error(msg.code, msg.message, msg.request_id)
+            box = self._boxes.get(request_id_of(msg))
+            if box is not None:
+                box.put_nowait(msg)

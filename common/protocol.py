@@ -1,8 +1,9 @@
 """tandem's wire protocol: every message that crosses a socket, in one module.
 
-A frame is one msgpack map: ``{"v": PROTOCOL_VERSION, "type": TAG, **fields}``.
-ROUTER sockets prepend the peer identity; nothing outside this module and
-``common.transport`` builds or parses raw frames.
+A frame is one msgpack map: ``{"v": PROTOCOL_VERSION, "type": TAG, **fields}``,
+or a ``batch`` of such maps (without ``v``) for one peer, which ``decode_all``
+unpacks. ROUTER sockets prepend the peer identity; nothing outside this module
+and ``common.transport`` builds or parses raw frames.
 
 Decoding is strict because the router and workers must never crash on input they
 did not expect: a frame that is not msgpack, names an unknown type, misses a
@@ -17,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -27,8 +29,9 @@ from tandem.common.codec import FieldError, codec_for
 from tandem.common.errors import ErrorCode, Problem
 from tandem.common.validation import message_problem
 
-PROTOCOL_VERSION = 4  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds;
-# 4: step_tokens (a worker that batches its deltas must not meet a router that cannot read them)
+PROTOCOL_VERSION = 5  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds;
+# 4: step_tokens (a worker that batches its deltas must not meet a router that cannot read them);
+# 5: batch (the router sends a peer what one turn owes it in one frame)
 
 
 class FinishReason(StrEnum):
@@ -329,6 +332,21 @@ class ResyncCache(Message):
 
 
 @dataclass
+class Batch(Message):
+    """Several messages for one peer in one frame, in order; each entry is a message's
+    map without ``v`` (the frame's covers it). The router sends a client or worker
+    what one pass of its loop owes it (Accepteds, tokens, Dones; Assigns); a worker's
+    I/O thread sends the router what it finds waiting together (a step's tokens and
+    Dones). The router's cost is per frame, not per message
+    (docs/results/router-overhead.md). Receivers read it with ``decode_all`` /
+    ``entries`` (or ``DealerSocket.recv``) as if every entry had come in its own
+    frame; clients never send one."""
+
+    TYPE: ClassVar[str] = "batch"
+    messages: list[dict[str, Any]]
+
+
+@dataclass
 class Goodbye(Message):
     """Worker -> router on clean shutdown; its in-flight requests are re-routed or failed."""
 
@@ -356,6 +374,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Reregister,
         ResyncCache,
         Goodbye,
+        Batch,
     )
 }
 
@@ -375,8 +394,39 @@ def encode(msg: Message) -> bytes:
     return msgpack.packb(body, use_bin_type=True)
 
 
+def encode_batch(msgs: Sequence[Message]) -> bytes:
+    """One ``batch`` frame holding ``msgs`` in order (``decode_all`` reads it back)."""
+    return _BATCH_HEAD + _array_header(len(msgs)) + b"".join(map(batch_entry, msgs))
+
+
+def batch_entry(msg: Message) -> bytes:
+    """``msg`` packed as one entry of a batch: its map with ``type`` and without ``v``.
+    ``encode_batch`` joins them; a sender that bounds its frames by size packs them
+    one by one and joins them with ``join_batch``."""
+    body = _CODECS[type(msg)].to_map(msg)
+    body["type"] = msg.TYPE
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def join_batch(entries: Sequence[bytes]) -> bytes:
+    """A ``batch`` frame from entries packed by ``batch_entry`` (no re-encoding)."""
+    return _BATCH_HEAD + _array_header(len(entries)) + b"".join(entries)
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes((0x90 | n,))
+    return b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big")
+
+
+# {"v": V, "type": "batch", "messages": <array>}: the array's header and entries follow.
+_BATCH_HEAD = msgpack.packb({"v": PROTOCOL_VERSION, "type": Batch.TYPE}, use_bin_type=True)
+_BATCH_HEAD = bytes((_BATCH_HEAD[0] + 1,)) + _BATCH_HEAD[1:] + msgpack.packb("messages")
+
+
 def decode(frame: bytes) -> Message:
-    """Parse and validate one frame; raise ProtocolError on anything unexpected."""
+    """Parse and validate one frame; raise ProtocolError on anything unexpected.
+    A ``batch`` frame comes back as a Batch of raw maps (see ``decode_all``)."""
     try:
         body = msgpack.unpackb(frame, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types
@@ -396,15 +446,44 @@ def decode(frame: bytes) -> Message:
             f"{PROTOCOL_VERSION}); upgrade the older side",
             rid,
         )
+    return _build(body, rid)
+
+
+def decode_all(frame: bytes) -> list[Message | ProtocolError]:
+    """Every message in ``frame``: the one it holds, or a batch's entries in order,
+    each checked exactly as if it had come in its own frame (a bad entry is a
+    ProtocolError in its place; the others still count). Raises ProtocolError when
+    the frame itself cannot be read."""
+    msg = decode(frame)
+    return entries(msg) if type(msg) is Batch else [msg]
+
+
+def entries(batch: Batch) -> list[Message | ProtocolError]:
+    """A decoded batch's messages, as ``decode_all`` gives them."""
+    out: list[Message | ProtocolError] = []
+    for body in batch.messages:
+        rid = body.get("request_id")
+        try:
+            out.append(_build(body, rid if type(rid) is str else None, in_batch=True))
+        except ProtocolError as exc:
+            out.append(exc)
+    return out
+
+
+def _build(body: dict[str, Any], rid: str | None, in_batch: bool = False) -> Message:
+    """The message a version-checked map holds (its ``type`` popped), validated."""
     tag = body.pop("type", None)
     cls = MESSAGE_TYPES.get(tag) if type(tag) is str else None
-    if cls is None:
-        raise ProtocolError(BAD_FRAME, f"unknown message type {tag!r}", rid)
+    if cls is None or (in_batch and cls is Batch):
+        where = " in a batch" if in_batch else ""
+        raise ProtocolError(BAD_FRAME, f"unknown message type {tag!r}{where}", rid)
     try:
         msg = _CODECS[cls].build(body)
     except FieldError as exc:
         raise ProtocolError(BAD_REQUEST, str(exc), rid) from None
-    problem = message_problem(msg)  # values within bounds (common/validation.py)
+    # Values within bounds (common/validation.py); a batch's entries are checked one
+    # by one when it is unpacked, so its own check is only on their number.
+    problem = message_problem(msg)
     if problem is not None:
         raise ProtocolError(problem.code, problem.message, rid)
     return msg

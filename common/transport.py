@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import deque
 from collections.abc import Callable
 
 import zmq
@@ -24,6 +25,10 @@ _MORE_NOW = int(zmq.SNDMORE | zmq.NOBLOCK)
 
 
 CLIENT_FRAME_BYTES = 8 << 20  # the router's limit on client frames (a Submit)
+# A batch frame closes when it would pass this size (far below any peer's MAXMSGSIZE)
+# or this many messages (the protocol's bound, common/validation.py).
+BATCH_BYTES = 1 << 20
+BATCH_MESSAGES = 4096
 Setup = Callable[[zmq.Socket], None]  # e.g. CURVE options (common/auth.py), before bind/connect
 
 
@@ -61,6 +66,57 @@ class RouterSocket:
         self.sock.setsockopt(zmq.SNDHWM, 100_000)
         self.sock.bind(address)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._held: dict[bytes, list[Message]] = {}  # queued per peer, in order
+
+    def queue(self, identity: bytes, msg: Message) -> None:
+        """Hold ``msg`` for ``identity`` until ``flush``: what one peer is owed over a
+        pass of the router's loop leaves in one frame, not one frame per message."""
+        held = self._held.get(identity)
+        if held is None:
+            self._held[identity] = [msg]
+        else:
+            held.append(msg)
+
+    def flush(self) -> list[tuple[bytes, list[Message]]]:
+        """Send what ``queue`` holds, per peer in order: a lone message in its own
+        frame, more as ``batch`` frames. Returns the peers that could not be reached
+        with the messages they did not get (the sender decides what that means)."""
+        if not self._held:
+            return []
+        held, self._held = self._held, {}
+        lost = []
+        for identity, msgs in held.items():
+            sent = self._send_held(identity, msgs)
+            if sent < len(msgs):
+                lost.append((identity, msgs[sent:]))
+        return lost
+
+    def _send_held(self, identity: bytes, msgs: list[Message]) -> int:
+        """How many of ``msgs`` went out (all, or those before a failed frame)."""
+        if len(msgs) == 1:
+            return 1 if self.send(identity, msgs[0]) else 0
+        sent = start = size = 0
+        entries: list[bytes] = []
+        for msg in msgs:
+            entry = protocol.batch_entry(msg)
+            if entries and (size + len(entry) > BATCH_BYTES or len(entries) >= BATCH_MESSAGES):
+                if not self._send_frame(identity, protocol.join_batch(entries), msgs[start]):
+                    return sent
+                sent, start, size, entries = sent + len(entries), sent + len(entries), 0, []
+            entries.append(entry)
+            size += len(entry)
+        if self._send_frame(identity, protocol.join_batch(entries), msgs[start]):
+            sent += len(entries)
+        return sent
+
+    def _send_frame(self, identity: bytes, frame: bytes, first: Message) -> bool:
+        try:
+            self.sock.send(identity, _MORE_NOW)
+            self.sock.send(frame, _NOW)
+            return True
+        except zmq.ZMQError as exc:  # EHOSTUNREACH (peer left) or EAGAIN (peer stalled)
+            log.warning("dropping a batch (%s, ...) to %r: %s", first.TYPE, identity, exc)
+            return False
 
     def send(self, identity: bytes, msg: Message) -> bool:
         """Send to one peer; False when the peer is gone (never raises for that)."""
@@ -116,7 +172,8 @@ class RouterSocket:
 
 
 class DealerSocket:
-    """A connected DEALER socket (client or worker side)."""
+    """A connected DEALER socket (client or worker side). ``recv`` returns one message
+    at a time, a ``batch`` frame's one by one (``poll`` counts those still held)."""
 
     def __init__(
         self,
@@ -132,18 +189,23 @@ class DealerSocket:
             self.sock.setsockopt(zmq.IDENTITY, identity)
         self.sock.connect(address)
         self.address = address
+        self._held: deque[Message | ProtocolError] = deque()  # a batch's rest
 
     def send(self, msg: Message) -> None:
         self.sock.send(protocol.encode(msg))
 
     def poll(self, timeout_ms: int) -> bool:
-        return bool(self.sock.poll(timeout_ms, zmq.POLLIN))
+        return bool(self._held) or bool(self.sock.poll(timeout_ms, zmq.POLLIN))
 
     def recv(self) -> Message | ProtocolError:
+        if self._held:
+            return self._held.popleft()
         try:
-            return protocol.decode(self.sock.recv())
+            msgs = protocol.decode_all(self.sock.recv())
         except ProtocolError as exc:
             return exc
+        self._held.extend(msgs[1:])
+        return msgs[0]
 
     def close(self) -> None:
         self.sock.close(linger=0)

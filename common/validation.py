@@ -29,6 +29,7 @@ MAX_COUNT = 1 << 40  # token counters in heartbeats
 MAX_ROWS = 1 << 16  # requests one heartbeat may list
 MAX_TOKENS_PER_FRAME = 1 << 16  # token ids in one TokenDelta (and in all of a StepTokens)
 MAX_DELTAS_PER_FRAME = 1 << 12  # requests in one StepTokens
+MAX_BATCH = 1 << 12  # messages in one batch frame
 MAX_TOKEN_ID = 1 << 31
 MAX_TEXT_CHARS = 1 << 20
 MAX_STATS_KEYS = 64
@@ -46,6 +47,8 @@ Check = Callable[[Any], "Problem | None"]
 
 def message_problem(msg: p.Message) -> Problem | None:
     """What puts ``msg`` outside the protocol's bounds, or None."""
+    if msg.TYPE == "batch":  # its entries are checked one by one as it is unpacked
+        return _within("len(messages)", len(msg.messages), 1, MAX_BATCH)  # type: ignore[attr-defined]
     # The fast walk decides; only a frame it refuses pays for naming the place.
     if not _tree_ok(msg.__dict__, 0):
         problem = _tree_problem(msg.__dict__, 0)
@@ -179,21 +182,25 @@ def _done(m: p.Done) -> Problem | None:
 
 
 def _tokens(m: p.TokenDelta) -> Problem | None:
-    ids, rid = m.token_ids, m.request_id
+    return _delta(m.request_id, m.token_ids, m.text)
+
+
+def _delta(rid: str, ids: list[int], text: str) -> Problem | None:
+    """One delta's bounds (a TokenDelta's, or an entry of a StepTokens)."""
     common_case = (
         0 < len(rid) <= MAX_ID_CHARS
         and rid.isprintable()
         and len(ids) <= MAX_TOKENS_PER_FRAME
         and (not ids or (min(ids) >= 0 and max(ids) <= MAX_TOKEN_ID))
-        and len(m.text) <= MAX_TEXT_CHARS
+        and len(text) <= MAX_TEXT_CHARS
     )
     if common_case:
         return None  # checked without a call per token; otherwise name the problem
     return _first(
-        _id_problem("request_id", m.request_id),
-        _within("len(token_ids)", len(m.token_ids), 0, MAX_TOKENS_PER_FRAME),
-        *(_within("token id", t, 0, MAX_TOKEN_ID) for t in m.token_ids),
-        _within("len(text)", len(m.text), 0, MAX_TEXT_CHARS),
+        _id_problem("request_id", rid),
+        _within("len(token_ids)", len(ids), 0, MAX_TOKENS_PER_FRAME),
+        *(_within("token id", t, 0, MAX_TOKEN_ID) for t in ids),
+        _within("len(text)", len(text), 0, MAX_TEXT_CHARS),
     )
 
 
@@ -209,8 +216,8 @@ def _step_tokens(m: p.StepTokens) -> Problem | None:
     total = sum(map(len, m.token_ids))
     if total > MAX_TOKENS_PER_FRAME:
         return _within("token ids in the frame", total, 0, MAX_TOKENS_PER_FRAME)
-    for delta in m.deltas():
-        problem = _tokens(delta)
+    for entry in zip(m.request_ids, m.token_ids, m.texts, strict=True):
+        problem = _delta(*entry)
         if problem is not None:
             return problem
     return None

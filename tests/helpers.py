@@ -57,6 +57,7 @@ class Harness:
         tag = uuid.uuid4().hex
         self.log_path = tmp_path / "decisions.jsonl"
         addrs = Addresses(f"inproc://c-{tag}", f"inproc://w-{tag}")
+        cfg.setdefault("accept_hold_ms", 0.0)  # pumped by hand: no clock to wait on
         self.router = Router(
             RouterConfig(addresses=addrs, policy=policy, decision_log=str(self.log_path), **cfg)
         )

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 _HB, _MSG, _TOK = b"hb", b"msg", b"tok"
 MAX_COALESCED = 1024  # token deltas per StepTokens frame (protocol bound: 4096)
+MAX_BATCH = 256  # entries per batch frame (protocol bound: 4096; each <= 64 KiB of tokens)
 READY_BACKOFF_MAX_S = 5.0
 WORKER_FRAME_BYTES = 64 << 20  # an Assign of the largest prompt fits with room
 # A wrong router key shows as NO_DETAIL (its hello cannot be decrypted), a key
@@ -84,8 +85,10 @@ class WorkerLink:
             push.connect(self._pipe_addr)
         if isinstance(msg, p.TokenDelta):  # fields only: the I/O thread frames them
             kind, body = _TOK, msgpack.packb((msg.request_id, msg.token_ids, msg.text))
-        else:
-            kind, body = (_HB if isinstance(msg, p.Heartbeat) else _MSG), p.encode(msg)
+        elif isinstance(msg, p.Heartbeat):  # a frame of its own (repeated as it is)
+            kind, body = _HB, p.encode(msg)
+        else:  # an entry of the batch the I/O thread sends
+            kind, body = _MSG, p.batch_entry(msg)
         try:
             push.send_multipart([kind, body], flags=zmq.NOBLOCK)
         except zmq.Again:  # the I/O thread is gone (shutting down): nobody to tell
@@ -114,10 +117,10 @@ class WorkerLink:
                     next_ready, backoff_s = now + backoff_s, min(backoff_s * 2, READY_BACKOFF_MAX_S)
                 events = dict(poller.poll(timeout=int(hb_s * 250)))
                 if self._pull in events:
-                    # Token deltas waiting together leave as one StepTokens frame (the
-                    # router's cost is per frame); anything else is sent after the
-                    # deltas before it, so a request's Done never overtakes its tokens.
-                    deltas: list[tuple[str, list[int], str]] = []
+                    # What waits together leaves as one frame (the router's cost is per
+                    # frame): token deltas as one StepTokens, the Dones and Errors after
+                    # them in order (a Done never overtakes its tokens); heartbeats alone.
+                    out = Outgoing(dealer)
                     while True:
                         try:
                             kind, frame = self._pull.recv_multipart(zmq.NOBLOCK)
@@ -128,21 +131,17 @@ class WorkerLink:
                             log.warning("the compute thread is back")
                             stalled = False
                         if kind == _TOK:
-                            deltas.append(msgpack.unpackb(frame))
-                            if len(deltas) < MAX_COALESCED:
-                                continue
-                        if deltas:
-                            dealer.send(token_frame(deltas))
-                            deltas = []
-                        if kind == _TOK:
-                            continue
-                        if kind == _HB:
+                            out.add_tokens(msgpack.unpackb(frame))
+                        elif kind == _MSG:
+                            out.add(frame)
+                        elif self.registered.is_set():  # a heartbeat, after what came before
                             last_hb = frame
-                        if kind == _MSG or self.registered.is_set():
+                            out.send()
                             dealer.sock.send(frame)
-                            last_sent = time.monotonic() if kind == _HB else last_sent
-                    if deltas:
-                        dealer.send(token_frame(deltas))
+                            last_sent = time.monotonic()
+                        else:
+                            last_hb = frame
+                    out.send()
                 if dealer.sock in events:
                     while dealer.poll(0):
                         if self._dispatch(dealer.recv()):
@@ -208,6 +207,43 @@ class WorkerLink:
         else:
             log.warning("worker ignores %s from router", msg.TYPE)
         return False
+
+
+class Outgoing:
+    """What the I/O thread found waiting, in order, until ``send`` makes it one frame:
+    token deltas alone as a TokenDelta or StepTokens; with anything else as a batch
+    whose entries keep the order (consecutive deltas as one StepTokens entry)."""
+
+    def __init__(self, dealer: DealerSocket) -> None:
+        self.dealer = dealer
+        self.entries: list[bytes] = []  # packed by protocol.batch_entry
+        self.deltas: list[tuple[str, list[int], str]] = []
+
+    def add_tokens(self, delta: tuple[str, list[int], str]) -> None:
+        self.deltas.append(delta)
+        if len(self.deltas) >= MAX_COALESCED:
+            self._close_deltas()
+
+    def add(self, entry: bytes) -> None:
+        self._close_deltas()
+        self.entries.append(entry)
+        if len(self.entries) >= MAX_BATCH:
+            self.send()
+
+    def _close_deltas(self) -> None:
+        if self.deltas:
+            self.entries.append(p.batch_entry(token_frame(self.deltas)))
+            self.deltas = []
+
+    def send(self) -> None:
+        if self.deltas and not self.entries:  # tokens only: the plain token frame
+            self.dealer.send(token_frame(self.deltas))
+            self.deltas = []
+            return
+        self._close_deltas()
+        if self.entries:
+            self.dealer.sock.send(p.join_batch(self.entries))
+            self.entries = []
 
 
 def token_frame(deltas: list[tuple[str, list[int], str]]) -> p.TokenDelta | p.StepTokens:

@@ -165,7 +165,8 @@ class FinishTime:
         for w in workers:  # once per worker per request: kept to a few lookups
             memo = w.memo.get("finish_time")
             if memo is None:
-                memo = w.memo["finish_time"] = (drain_ahead(w), {})
+                answers: dict[tuple[int, int], float] = {}
+                memo = w.memo["finish_time"] = (drain_ahead(w), answers)
             question = (max(1, prompt - w.cached_tokens), budget)
             got = memo[1].get(question)
             if got is None:

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 from pathlib import Path
+
+import msgpack
+import pytest
 
 from tandem.broker.ledger import PromptBlocks
 from tandem.common import protocol as p
@@ -213,5 +217,181 @@ def test_a_forced_policy_waits_for_its_full_worker_rather_than_use_another(
         accepted = [m for m in _client_msgs(h) if isinstance(m, p.Accepted)]
         assert [(m.request_id, m.worker_id) for m in accepted] == [("r2", "a")]
         assert not h.workers["b"].poll(50)
+    finally:
+        h.close()
+
+
+# ------------------------------------------------------------ one frame per peer per pass
+def _raw_frames(sock: DealerSocket) -> list[list[p.Message | p.ProtocolError]]:
+    """What arrived on ``sock``, frame by frame (DealerSocket.recv hides batches)."""
+    out = []
+    while sock.sock.poll(100):
+        out.append(p.decode_all(sock.sock.recv()))
+    return out
+
+
+def test_what_one_pass_owes_a_peer_leaves_in_one_frame(h: Harness) -> None:
+    h.add_worker("a", RATES)
+    for i in range(3):
+        h.client.send(p.Submit(f"r{i}", tokens=[1, 2, 3 + i], sampling=p.SamplingParams(4)))
+    h.pump()
+    (assigns,) = _raw_frames(h.workers["a"])  # three routes, one frame to the worker
+    assert [type(m) for m in assigns] == [p.Assign] * 3
+    (accepts,) = _raw_frames(h.client)  # and one to the client
+    assert [(type(m), m.request_id) for m in accepts] == [(p.Accepted, f"r{i}") for i in range(3)]
+    wids = [m.request_id for m in assigns]
+    sock = h.workers["a"]
+    sock.send(p.StepTokens(wids, [[5], [6], [7]], ["a", "b", "c"]))
+    for wid in wids[:2]:
+        sock.send(p.Done(wid, p.FinishReason.LENGTH, {"output_tokens": 1}))
+    h.pump()
+    (frame,) = _raw_frames(h.client)  # tokens and Dones read in one drain: one frame
+    kinds = [(type(m).__name__, m.request_id) for m in frame]
+    assert kinds == [("TokenDelta", "r0"), ("Done", "r0"), ("TokenDelta", "r1"),
+                     ("Done", "r1"), ("TokenDelta", "r2")]  # fmt: skip
+    sock.send(p.TokenDelta(wids[2], [8], "d"))  # a lone message: a frame of its own
+    h.router.drain_workers()
+    assert h.client.sock.poll(1000)
+    assert p.decode(h.client.sock.recv()) == p.TokenDelta("r2", [8], "d")
+
+
+def test_a_batch_past_the_size_bound_is_split_in_order(h: Harness) -> None:
+    from tandem.common import transport
+
+    big = "x" * (transport.BATCH_BYTES // 3 - 64)  # three to a frame
+    msgs = [p.TokenDelta(f"r{i}", [i], big) for i in range(7)]
+    for m in msgs:
+        h.router.client_sock.queue(b"nobody", m)  # an unknown peer: nothing is sent
+    ((who, lost),) = h.router.client_sock.flush()
+    assert who == b"nobody" and lost == msgs
+    sock = DealerSocket(h.router.client_sock.address, identity=b"peer")
+    sock.send(p.Hello())
+    h.router._drain(h.router.client_sock, h.router.on_client)
+    assert isinstance(h.recv(sock), p.Welcome)
+    for m in msgs:
+        h.router.client_sock.queue(b"peer", m)
+    assert h.router.client_sock.flush() == []
+    frames = _raw_frames(sock)
+    assert len(frames) == 3 and [m for f in frames for m in f] == msgs
+    sock.close()
+
+
+def test_assigns_that_cannot_leave_put_their_requests_back_in_the_queue(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    h.add_worker("a", RATES)
+    h.workers.pop("a").close()  # gone, and the router has not noticed yet
+    for _ in range(50):  # until the router's socket has taken the pipe down
+        time.sleep(0.01)
+        h.router.drain_workers()
+        if not h.router.worker_sock.send(b"a", p.ResyncCache()):
+            break
+    h.client.send(p.Submit("r1", tokens=[1, 2, 3], sampling=p.SamplingParams(4)))
+    h.pump()
+    assert "a" not in h.router.workers and "unreachable" in caplog.text
+    assert [r.submit.request_id for r in h.router.pending] == ["r1"]
+    assert not h.router.requests and not h.router.pending[0].lost_on  # not a reroute
+    h.add_worker("b", RATES)
+    assert h.assigned("b").tokens == [1, 2, 3]
+    accepted = [m for m in _client_msgs(h) if isinstance(m, p.Accepted)]
+    assert [(m.request_id, m.worker_id) for m in accepted] == [("r1", "b")]  # once, for b
+
+
+def test_a_client_that_left_has_its_requests_cancelled_at_the_worker(h: Harness) -> None:
+    h.add_worker("a", RATES)
+    h.submit("r1", list(range(1, 40)))
+    wid = h.assigned("a").request_id
+    h.client.close()
+    for i in range(50):  # its frames fail once the router's socket took the pipe down
+        time.sleep(0.01)
+        h.workers["a"].send(p.TokenDelta(wid, [i], "x"))
+        h.pump()
+        if not h.router.requests:
+            break
+    assert not h.router.requests
+    assert h.recv(h.workers["a"]) == p.Cancel(wid)
+    h.client = DealerSocket(h.router.client_sock.address)  # for the harness's close
+
+
+def test_a_client_may_not_send_a_batch(h: Harness) -> None:
+    h.add_worker("a", RATES)
+    h.client.sock.send(p.encode_batch([p.Submit("r1", tokens=[1, 2, 3])]))
+    h.pump()
+    (reply,) = _client_msgs(h)
+    assert isinstance(reply, p.Error) and reply.code == p.BAD_REQUEST and "batch" in reply.message
+    assert not h.router.requests and not h.router.pending
+    h.submit("r2", [1, 2, 3])  # still serving
+
+
+def test_a_worker_batch_is_handled_entry_by_entry_and_a_bad_entry_refused(h: Harness) -> None:
+    wid1, wid2 = _two_requests_on_a(h)
+    sock = h.workers["a"]
+    done = p.Done(wid1, p.FinishReason.LENGTH, {"output_tokens": 1})
+    bad = {"type": "tokens", "request_id": wid2, "token_ids": [-3], "text": ""}
+    step = p.StepTokens([wid1, wid2], [[10], [20]], ["a", "b"])
+    later = p.TokenDelta(wid2, [21], "c")
+    entries = [p.batch_entry(step), p.batch_entry(done), msgpack.packb(bad), p.batch_entry(later)]
+    sock.sock.send(p.join_batch(entries))
+    h.pump()
+    err = h.recv(sock)  # the bad entry, answered with its id; the rest relayed in order
+    assert isinstance(err, p.Error) and err.request_id == wid2 and "token id" in err.message
+    got = [(type(m).__name__, m.request_id) for m in _client_msgs(h)]
+    assert got == [("TokenDelta", "r1"), ("Done", "r1"), ("TokenDelta", "r2")]
+    assert h.router.requests[wid2].output_ids == [20, 21]
+
+
+def test_tokens_for_another_workers_request_or_an_unknown_one_are_not_relayed(
+    h: Harness,
+) -> None:
+    wid1, wid2 = _two_requests_on_a(h)
+    h.add_worker("b", RATES)
+    h.workers["b"].send(p.StepTokens([wid1, "nobody"], [[66], [67]], ["b?", "?"]))
+    h.workers["a"].send(p.StepTokens([wid2, "gone", wid1], [[20], [21], [10]], ["x", "y", "z"]))
+    h.pump()
+    got = {m.request_id: (m.token_ids, m.text) for m in _client_msgs(h)}
+    assert got == {"r1": ([10], "z"), "r2": ([20], "x")}
+    assert h.router.requests[wid1].output_ids == [10]
+    assert h.router.metrics.totals["tokens_relayed"] == 2
+
+
+def test_a_bug_on_one_batch_entry_does_not_lose_the_others(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wid1, wid2 = _two_requests_on_a(h)
+    relay = h.router.relay
+
+    def flaky(w, msg):  # noqa: ANN001, ANN202 - the router's own signature
+        if msg.request_id == wid1:
+            raise RuntimeError("a bug")
+        return relay(w, msg)
+
+    monkeypatch.setattr(h.router, "relay", flaky)
+    done = [p.Done(wid, p.FinishReason.LENGTH, {"output_tokens": 0}) for wid in (wid1, wid2)]
+    h.workers["a"].sock.send(p.encode_batch(done))
+    h.pump()
+    assert [(type(m), m.request_id) for m in _client_msgs(h)] == [(p.Done, "r2")]
+
+
+def test_an_accepted_waits_briefly_to_leave_with_the_first_output(tmp_path: Path) -> None:
+    h = Harness(tmp_path, accept_hold_ms=200.0)
+    try:
+        h.add_worker("a", RATES)
+        h.client.send(p.Submit("fast", tokens=[1, 2, 3], sampling=p.SamplingParams(1)))
+        h.pump()
+        wid = h.assigned("a").request_id
+        assert not h.client.sock.poll(50)  # held: the output may come with it
+        done = p.Done(wid, p.FinishReason.LENGTH, {"output_tokens": 1})
+        h.workers["a"].sock.send(p.encode_batch([p.TokenDelta(wid, [7], "x"), done]))
+        h.pump()
+        (frame,) = _raw_frames(h.client)  # one frame: Accepted, the token, the Done
+        assert [type(m) for m in frame] == [p.Accepted, p.TokenDelta, p.Done]
+        h.client.send(p.Submit("slow", tokens=[1, 2, 3], sampling=p.SamplingParams(1)))
+        h.pump()
+        assert not h.client.sock.poll(50)
+        time.sleep(0.2)  # no output within the hold: it goes alone
+        h.router.turn()
+        (frame,) = _raw_frames(h.client)
+        assert [(type(m), m.request_id) for m in frame] == [(p.Accepted, "slow")]
+        assert h.router._poll_ms() == 100  # nothing held: the loop's usual wait
     finally:
         h.close()

@@ -38,6 +38,7 @@ EXAMPLES = [
     p.Ready("w", "sim", "cpu", "m.gguf", 1, 64, 16, 1.0, [1.0], 0.5, {}, tokenizer_hash="ab"),
     p.ResyncCache(),
     p.Goodbye("w"),
+    p.Batch([{"type": "cancel", "request_id": "r1"}]),
 ]
 
 V = p.PROTOCOL_VERSION
@@ -179,3 +180,73 @@ def test_arbitrary_maps_decode_to_valid_messages_or_raise_protocol_error(tag, bo
             or f.default_factory is not dataclasses.MISSING
         )
     assert p.decode(p.encode(msg)) == msg
+
+
+# ------------------------------------------------------------ batch frames
+def test_a_batch_unpacks_to_its_messages_in_order():
+    msgs = [m for m in EXAMPLES if not isinstance(m, p.Batch)]
+    frame = p.encode_batch(msgs)
+    assert p.decode_all(frame) == msgs
+    assert p.join_batch([p.batch_entry(m) for m in msgs]) == frame
+    assert p.decode_all(p.encode(msgs[0])) == [msgs[0]]  # a plain frame: its one message
+    many = [p.TokenDelta(f"r{i}", [i], "x") for i in range(70_000 // 20)]  # a 2-byte count
+    assert p.decode_all(p.encode_batch(many)) == many
+
+
+def test_a_bad_entry_is_refused_in_its_place_and_the_others_still_count():
+    entries = [
+        {"type": "tokens", "request_id": "r1", "token_ids": [-1], "text": ""},
+        {"type": "batch", "messages": [{"type": "cancel", "request_id": "x"}]},
+        {"type": "cancel", "request_id": "r2"},
+        {"v": V, "type": "cancel", "request_id": "r3"},  # the frame's v covers its entries
+        {"type": "warp", "request_id": "r4"},
+        {"type": "done", "request_id": "r5", "finish_reason": "length"},
+    ]
+    out = p.decode_all(_frame(type="batch", messages=entries))
+    assert [type(m).__name__ for m in out] == [
+        "ProtocolError", "ProtocolError", "Cancel", "ProtocolError", "ProtocolError", "Done"
+    ]  # fmt: skip
+    assert "token id" in out[0].message and out[0].request_id == "r1"
+    assert "in a batch" in out[1].message and out[1].code == p.BAD_FRAME
+    assert "unknown field" in out[3].message and out[3].request_id == "r3"
+    assert out[4].code == p.BAD_FRAME and out[4].request_id == "r4"
+
+
+@pytest.mark.parametrize(
+    ("messages", "needle"),
+    [([], "len(messages)"), ([{"type": "cancel", "request_id": "r"}] * 4097, "len(messages)"),
+     ("x", "messages"), ([1], "messages"), ([{1: 2}], "")],
+)  # fmt: skip
+def test_a_malformed_batch_is_refused_whole(messages, needle):
+    with pytest.raises(p.ProtocolError) as info:
+        p.decode_all(_frame(type="batch", messages=messages))
+    assert needle in info.value.message
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(sorted(p.MESSAGE_TYPES)),
+            st.dictionaries(st.text(max_size=12), json_values, max_size=6),
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_arbitrary_batch_entries_decode_to_messages_or_protocol_errors(entries):
+    frame = _frame(type="batch", messages=[{**body, "type": tag} for tag, body in entries])
+    try:
+        out = p.decode_all(frame)
+    except p.ProtocolError:
+        return
+    assert len(out) == len(entries)
+    for msg in out:
+        assert isinstance(msg, p.ProtocolError) or p.decode(p.encode(msg)) == msg
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_after_a_batch_head_only_ever_raise_protocol_error(data):
+    with contextlib.suppress(p.ProtocolError):
+        p.decode_all(_frame(type="batch", messages=[])[:-1] + data)

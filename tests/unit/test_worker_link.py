@@ -54,10 +54,11 @@ def test_heartbeats_are_repeated_for_a_busy_compute_thread_but_not_a_stuck_one()
         router.close()
 
 
-def test_waiting_token_deltas_leave_as_one_frame_and_never_overtake_a_done() -> None:
-    """Deltas emitted while the I/O thread is away (here: not started yet) are found
-    waiting together: they go out as one StepTokens, in order, and the Done emitted
-    after them follows them instead of overtaking them."""
+def test_what_waits_together_leaves_as_one_frame_and_a_done_never_overtakes_tokens() -> None:
+    """Messages emitted while the I/O thread is away (here: not started yet) are found
+    waiting together: they go out as one batch, in order, consecutive deltas as one
+    StepTokens entry, so the Done emitted after them follows them instead of
+    overtaking them; a heartbeat goes alone, after what came before it."""
     address = f"inproc://link-{uuid.uuid4().hex}"
     router = RouterSocket(address)
     ready = p.Ready("w", "sim", "sim-w", "m.gguf", 4, 8192, 16, 100.0, [50.0], HB_S,
@@ -70,12 +71,27 @@ def test_waiting_token_deltas_leave_as_one_frame_and_never_overtake_a_done() -> 
     stop = threading.Event()
     thread = start_link(link, stop)
     try:
-        frames = []
-        while len(frames) < 4 and router.sock.poll(2000):
-            frames.append(router.recv()[1])
-        assert [type(m) for m in frames] == [p.Ready, p.StepTokens, p.Done, p.TokenDelta]
-        assert frames[1].deltas() == first
-        assert frames[2] == done and frames[3] == p.TokenDelta("r1", [99], "!")
+        assert router.sock.poll(2000)
+        identity, msg = router.recv()
+        assert isinstance(msg, p.Ready)
+        assert router.sock.poll(2000)
+        batch = router.recv()[1]
+        assert isinstance(batch, p.Batch)
+        step, got_done, last = p.entries(batch)
+        assert isinstance(step, p.StepTokens) and step.deltas() == first
+        assert got_done == done and last == p.TokenDelta("r1", [99], "!")
+        router.send(identity, p.Welcome(policy="phase_cost"))
+        assert link.registered.wait(2)
+        hb = p.Heartbeat("w", 1, [], [], 0, 8192, {})
+        for msg in [p.TokenDelta("r2", [5], "a"), hb, p.TokenDelta("r2", [6], "b")]:
+            link.emit(msg)
+        got = []
+        while len(got) < 3 and router.sock.poll(2000):
+            got.append(router.recv()[1])
+        assert got[:2] == [p.TokenDelta("r2", [5], "a"), hb]  # tokens alone: a plain frame
+        assert p.TokenDelta("r2", [6], "b") in got[2:] or (
+            router.sock.poll(2000) and router.recv()[1] == p.TokenDelta("r2", [6], "b")
+        )
     finally:
         stop.set()
         thread.join(timeout=2)
