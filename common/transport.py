@@ -100,34 +100,28 @@ class RouterSocket:
         for msg in msgs:
             entry = protocol.batch_entry(msg)
             if entries and (size + len(entry) > BATCH_BYTES or len(entries) >= BATCH_MESSAGES):
-                if not self._send_frame(identity, protocol.join_batch(entries), msgs[start]):
+                if not self._send_frame(identity, protocol.join_batch(entries), msgs[start], True):
                     return sent
                 sent, start, size, entries = sent + len(entries), sent + len(entries), 0, []
             entries.append(entry)
             size += len(entry)
-        if self._send_frame(identity, protocol.join_batch(entries), msgs[start]):
+        if self._send_frame(identity, protocol.join_batch(entries), msgs[start], True):
             sent += len(entries)
         return sent
 
-    def _send_frame(self, identity: bytes, frame: bytes, first: Message) -> bool:
+    def _send_frame(self, identity: bytes, frame: bytes, first: Message, batch: bool) -> bool:
         try:
             self.sock.send(identity, _MORE_NOW)
             self.sock.send(frame, _NOW)
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH (peer left) or EAGAIN (peer stalled)
-            log.warning("dropping a batch (%s, ...) to %r: %s", first.TYPE, identity, exc)
+            what = f"a batch ({first.TYPE}, ...)" if batch else first.TYPE
+            log.warning("dropping %s to %r: %s", what, identity, exc)
             return False
 
     def send(self, identity: bytes, msg: Message) -> bool:
         """Send to one peer; False when the peer is gone (never raises for that)."""
-        try:
-            frame = protocol.encode(msg)
-            self.sock.send(identity, _MORE_NOW)
-            self.sock.send(frame, _NOW)
-            return True
-        except zmq.ZMQError as exc:  # EHOSTUNREACH (peer left) or EAGAIN (peer stalled)
-            log.warning("dropping %s to %r: %s", msg.TYPE, identity, exc)
-            return False
+        return self._send_frame(identity, protocol.encode(msg), msg, False)
 
     def recv(self) -> tuple[bytes, Message | ProtocolError]:
         """One message, or the ProtocolError that describes why it was rejected."""
