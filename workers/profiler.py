@@ -211,13 +211,16 @@ def warm_up(
         params = SamplingParams(max_tokens=1, prefill_only=True)
         engine.submit(Request("warm-prefill", prompt, params))
         _drain(engine)
-        prefix = _prompt(rng, context - RAGGED_TOKENS * max_active, backend.vocab_size)
+        # Rows ``ragged`` tokens apart, the longest prompt ``context`` tokens: the
+        # spread narrows when many rows share a short context (it must fit n_ctx).
+        ragged = min(RAGGED_TOKENS, (context - 2) // max(1, max_active - 1))
+        prefix = _prompt(rng, context - 1 - ragged * (max_active - 1), backend.vocab_size)
         for b in sizes:
             # Decoding starts as each prompt ends: the first keeps decoding while the
             # others finish theirs, so outputs last long enough for all b to decode together.
             params = SamplingParams(max_tokens=measure_steps + SKIP_STEPS + b + 1, ignore_eos=True)
             for i in range(b):
-                tail = _prompt(rng, 1 + RAGGED_TOKENS * i, backend.vocab_size)
+                tail = _prompt(rng, 1 + ragged * i, backend.vocab_size)
                 engine.submit(Request(f"warm-{b}-{i}", [*prefix, *tail], params))
             _drain(engine)
         for handle in engine.cache.clear():  # the backend keeps nothing of the warm-up

@@ -236,6 +236,27 @@ def test_warm_up_runs_a_full_chunk_and_every_power_of_two_batch_then_holds_nothi
     assert not backend.kv  # every warm-up request's KV was released
 
 
+def test_warm_up_prompts_never_outgrow_the_context_it_fits_to_n_ctx() -> None:
+    """Many rows over a short context: the rows' spread narrows, no prompt is longer
+    than the context the warm-up chose from n_ctx (it must fit the KV cells)."""
+    from tandem.workers.profiler import warm_up
+
+    backend = FakeBackend(n_ctx=8192)
+    backend.is_eog = lambda token: False
+    prompts: dict[str, int] = {}
+    run = backend.run
+
+    def spy(decode, prefill):
+        prompts.update((r.id, len(r.prompt)) for r, _ in prefill if r.id != "warm-prefill")
+        return run(decode, prefill)
+
+    backend.run = spy
+    warm = warm_up(backend, max_active=64, step_tokens=64, compile_pass=False)
+    assert warm.context < 64 and len(prompts) == sum((1, 2, 4, 8, 16, 32, 64))
+    assert max(prompts.values()) <= warm.context
+    assert not backend.kv
+
+
 def test_a_worker_without_profile_or_rate_flags_says_its_rates_are_a_guess(
     tmp_path, monkeypatch, caplog
 ) -> None:
