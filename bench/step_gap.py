@@ -91,8 +91,9 @@ def stand_in_router(address: str, stop: Any) -> None:
             sock.send_multipart([identity, p.encode(p.Welcome(epoch="step-gap"))])
 
 
-def busy_neighbour(cpus: tuple[int, ...], threads: int, go: Any, stop: Any) -> None:
-    """Keep a llama.cpp engine decoding 4 requests on ``cpus`` while ``go`` is set."""
+def busy_neighbour(cpus: tuple[int, ...], threads: int, loaded: Any, go: Any, stop: Any) -> None:
+    """Keep a llama.cpp engine decoding 4 requests on ``cpus`` while ``go`` is set;
+    ``loaded`` is set once its model is."""
     from tandem.common.affinity import pin
     from tandem.workers.backends import build_backend
     from tandem.workers.config import EngineConfig, WorkerConfig
@@ -104,6 +105,7 @@ def busy_neighbour(cpus: tuple[int, ...], threads: int, go: Any, stop: Any) -> N
     )  # fmt: skip
     backend = build_backend(cfg)
     engine, _ = _engine(backend, 4, 256)
+    loaded.set()
     rng, n = random.Random(1), 0
     while not stop.is_set():
         if not go.is_set():
@@ -270,11 +272,11 @@ def main(
     stop = spawn.Event()
     router = spawn.Process(target=stand_in_router, args=(address, stop), daemon=True)
     router.start()
-    go = spawn.Event()
+    go, loaded = spawn.Event(), spawn.Event()
     neighbours = ["idle"]
     if neighbour_cpus:
         neighbours = ["idle", "busy"]
-        args = (parse_cpus(neighbour_cpus), neighbour_threads, go, stop)
+        args = (parse_cpus(neighbour_cpus), neighbour_threads, loaded, go, stop)
         spawn.Process(target=busy_neighbour, args=args, daemon=True).start()
     rows = []
     try:
@@ -283,8 +285,10 @@ def main(
                 for mode in names:
                     for nb in neighbours if r % 2 == 0 else neighbours[::-1]:
                         if nb == "busy":
+                            if not loaded.wait(300):
+                                raise RuntimeError("the busy neighbour never loaded its model")
                             go.set()
-                            time.sleep(1.0)  # its model loaded and decoding
+                            time.sleep(0.5)  # decoding before the first timed step
                         try:
                             row = run_mode(backend, mode, b, steps, r, (address, ready))
                         finally:

@@ -16,13 +16,18 @@ placements:
   arrivals, everything on each worker, and with two workers k requests on one of
   them (spread evenly, or the first k) for every k; within ``budget`` replays.
 
-It also replays the run's own placement. The device model is one per bench group:
+It also replays the run's own placement, and the run's policy itself. The device
+model is one per bench group, so every policy is measured against the same devices:
 the median over the group's runs of what each worker served at
-(``bench.calibrate.group_served``, the report's served table too), so every policy is
-measured against the same devices. So, for a measured makespan M:
-``M / own`` is what the twin's device model misses (host overheads, messaging,
-noise), and ``own / best`` is what the placement cost under that model — the
-part a better router could win back. Both are reported; neither is a bound.
+(``bench.calibrate.group_served``). A worker's served speed depends on the placement
+(the H200's GPU served bursts it shared with the CPU slower than bursts alone), so
+by default split placements run on the speeds of the runs that used every worker
+and one-worker placements on those of the runs of that worker alone. So, for a
+measured makespan M: ``M / own`` is what the twin's device model misses (host
+overheads, messaging, noise), and ``own / best`` is what the placement cost under
+that model — the part a better router could win back; it splits into ``own /
+policy`` (the run's live prices against the policy priced right) and ``policy /
+best`` (the policy's objective). All are reported; none is a bound.
 """
 
 from __future__ import annotations
