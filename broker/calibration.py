@@ -61,9 +61,11 @@ class Calibration:
         asked = sum(a for _, a in self._outputs)
         return min(1.0, max(RATIO_FLOOR, realized / asked))
 
-    def route_request(self, prompt_tokens: int, max_tokens: int) -> RouteRequest:
+    def route_request(
+        self, prompt_tokens: int, max_tokens: int, arrivals_before: tuple[float, ...] = ()
+    ) -> RouteRequest:
         """The request as the policy should price it."""
-        return RouteRequest(prompt_tokens, self._scale(max_tokens))
+        return RouteRequest(prompt_tokens, self._scale(max_tokens), arrivals_before)
 
     def adjust(self, view: WorkerView) -> WorkerView:
         """``view`` with estimated decode budgets, when enabled."""

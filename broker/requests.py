@@ -49,6 +49,7 @@ class ClientRequest:
     buffer_text: list[str] = field(default_factory=list)  # stream=False: held until done
     lost_on: list[str] = field(default_factory=list)  # workers that died holding it
     migrated_tokens: int = 0  # output already produced when it last changed worker
+    arrivals_before: tuple[float, ...] = ()  # ArrivalLog.note at its arrival
 
     def can_reroute(self) -> bool:
         """True until it has outlived MAX_REROUTES workers: a stream that already sent

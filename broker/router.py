@@ -22,6 +22,7 @@ from typing import Any
 import zmq
 
 from tandem.broker.admission import WORKER_FRAME_BYTES, Admission, prompt_units
+from tandem.broker.arrivals import ArrivalLog
 from tandem.broker.calibration import Calibration
 from tandem.broker.config import RouterConfig
 from tandem.broker.decisions import DecisionLog, decision_record
@@ -77,6 +78,7 @@ class Router:
         self._monitor = disconnect_monitor(self.worker_sock.sock)
         self.decisions = DecisionLog(self.cfg.decision_log) if self.cfg.decision_log else None
         self.calibration = Calibration(self.cfg.calibrate, self.cfg.decode_estimate)
+        self.arrivals = ArrivalLog()  # client requests' arrival times (broker/arrivals.py)
         self.metrics = RouterMetrics(
             lambda: (len(self.workers), len(self.requests), len(self.pending))
         )
@@ -277,6 +279,8 @@ class Router:
             return
         req = ClientRequest(identity, msg, time.monotonic())
         req.deadline = req.received + self.cfg.no_worker_wait_s
+        if not (msg.worker or msg.sampling.prefill_only):  # traffic, not a pin or a seed
+            req.arrivals_before = self.arrivals.note(req.received)
         self.pending.append(req)  # routed by the loop, a bounded number per turn
 
     def cancel(self, identity: bytes, request_id: str) -> None:
@@ -358,7 +362,9 @@ class Router:
                 f"worker's context (largest {limit}) or max_tokens limit",
             )
             return True
-        rr = self.calibration.route_request(n, budget)
+        # A migrated request is not an arrival: nothing to expect from it.
+        arrivals = () if req.lost_on else req.arrivals_before
+        rr = self.calibration.route_request(n, budget, arrivals)
         blocks = PromptBlocks(tokens)  # hashed once per block size, not once per worker
         views = self.views.views(candidates, blocks)
         policy = parse_policy(f"forced:{sub.worker}") if sub.worker else self.policy

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tandem.bench.driver import RequestRecord
+from tandem.broker.arrivals import ArrivalLog
 from tandem.broker.calibration import Calibration
 from tandem.broker.decisions import decision_record
 from tandem.broker.policies import parse_policy
@@ -36,6 +37,7 @@ class TwinRouter:
         self.workers: dict[str, WorkerState] = {}
         self.records: dict[str, RequestRecord] = {}  # by worker-side id
         self.decisions: list[dict[str, Any]] = []
+        self.arrivals = ArrivalLog()
         self.ended = 0  # requests that ended (done or failed): the replay's stop condition
         self._next_id = 0
 
@@ -54,11 +56,12 @@ class TwinRouter:
             rec.error, rec.done_s = "no worker fits the request", now
             self.ended += 1
             return
-        rr = self.calibration.route_request(len(tokens), budget)
+        pinned = kw.get("worker")
+        before = () if pinned or prefill_only else self.arrivals.note(now)
+        rr = self.calibration.route_request(len(tokens), budget, before)
         hashes: dict[int, list[int]] = {}  # the prompt hashed once for every candidate
         live = self.calibration.calibrate  # priced with the live step models, as the router
         views = [self.calibration.adjust(w.view(tokens, live, hashes)) for w in candidates]
-        pinned = kw.get("worker")
         policy = parse_policy(f"forced:{pinned}") if pinned else self.policy
         decision = policy.choose(rr, views)
         if not pinned:

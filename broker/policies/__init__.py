@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from tandem.broker.policies.cost import CacheAware, LeastTokens, PhaseCost
 from tandem.broker.policies.finish import FinishTime
+from tandem.broker.policies.lookahead import Lookahead
 from tandem.broker.policies.simple import Forced, LeastLoaded, RoundRobin
 from tandem.broker.policies.views import (
     Decision,
@@ -22,7 +23,8 @@ from tandem.broker.policies.views import (
 DEFAULT_POLICY = "finish_time"
 
 POLICIES: dict[str, type] = {
-    p.name: p for p in (PhaseCost, FinishTime, LeastTokens, CacheAware, LeastLoaded, RoundRobin)
+    p.name: p
+    for p in (PhaseCost, FinishTime, Lookahead, LeastTokens, CacheAware, LeastLoaded, RoundRobin)
 }
 
 
@@ -46,6 +48,7 @@ __all__ = [
     "FinishTime",
     "Forced",
     "LeastLoaded",
+    "Lookahead",
     "RoundRobin",
     "Load",
     "NoCandidate",

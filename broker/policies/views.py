@@ -95,6 +95,9 @@ class WorkerView:
 class RouteRequest:
     prompt_tokens: int
     max_tokens: int
+    # How long before this request each recent client request arrived (seconds,
+    # newest first; broker/arrivals.py): what a policy may expect of the next ones.
+    arrivals_before: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
