@@ -77,7 +77,7 @@ def main(argv: list[str]) -> None:
     )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for n in sizes:
-        for policy in ("phase_cost", "finish_time", "least_loaded"):
+        for policy in ("phase_cost", "finish_time", "lookahead", "least_loaded"):
             r = time_policy(policy, n, repeats=max(5, 2000 // n))
             print(
                 f"| {policy} | {n} | {r['cold_median_ms']:.3f} | {r['cold_min_ms']:.3f} | "

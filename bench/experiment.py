@@ -142,7 +142,7 @@ def running_cluster(
     specs: list[WorkerSpec], router_args: list[str], transport: str
 ) -> Iterator[Cluster]:
     """A started cluster, stopped on exit (workers first, then the router)."""
-    cl = Cluster(workers=specs, router_args=router_args, transport=transport)
+    cl = Cluster(workers=specs, router_args=router_args, transport=transport, start_timeout_s=300.0)
     try:
         cl.start()
         yield cl

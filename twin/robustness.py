@@ -31,7 +31,7 @@ from tandem.workers.backends.sim import SimProfile
 
 LIMIT_VS_CORRECT = 0.05
 LIMIT_VS_LEAST_LOADED = 0.02
-POLICIES = ("least_loaded", "round_robin", "phase_cost", "finish_time")
+POLICIES = ("least_loaded", "round_robin", "phase_cost", "finish_time", "lookahead")
 HEARTBEAT_S = 0.5
 Fleet = list[TwinWorkerSpec]
 

@@ -19,8 +19,10 @@ from tandem.broker.policies.views import (
     tie_break,
 )
 
-# The router's default: it won the twin's robustness suite (docs/ROUTING.md).
-DEFAULT_POLICY = "finish_time"
+# The router's default: finish_time's prediction, plus a rollout of the arrivals a
+# burst promises on batch-hungry workers (docs/ROUTING.md: the twin's robustness
+# suite, and the H200's 8-bursts).
+DEFAULT_POLICY = "lookahead"
 
 POLICIES: dict[str, type] = {
     p.name: p

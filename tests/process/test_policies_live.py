@@ -16,6 +16,7 @@ pytestmark = [needs_llama, pytest.mark.model]
 
 PROFILE = Path(__file__).resolve().parent.parent / "deploy" / "profiles" / "gpu-m2.json"
 POLICIES = [
+    "lookahead",
     "finish_time",
     "phase_cost",
     "least_tokens",
