@@ -24,6 +24,7 @@ on the worker rather than one per token.
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 
 from tandem.broker.policies.views import Decision, RouteRequest, WorkerView, tie_break
@@ -107,10 +108,16 @@ def drain_ahead(w: WorkerView) -> Ahead:
         active = [r for r in active if not (r.decoding and r.decode_left <= 0)]
 
 
-def _advance(active: list[_Row], model: StepModel, step_tokens: int) -> float:
-    """Run the engine's next plan over ``active`` for as many steps as it repeats; seconds."""
+def _advance(
+    active: list[_Row], model: StepModel, step_tokens: int, within_s: float | None = None
+) -> float:
+    """Run the engine's next plan over ``active`` for as many steps as it repeats; seconds.
+    ``within_s``: stop at the step that reaches this many seconds from now (one at least)."""
     plan = plan_step(active, step_tokens)
     k = repeats(plan, [r.decode_left for r in plan.decode])
+    step_s = model.step_s(plan.prefill_tokens, len(plan.decode))
+    if within_s is not None:
+        k = min(k, max(1, math.ceil(within_s / step_s - 1e-9)))
     for r in plan.decode:
         r.decode_left -= k
     for r, n in plan.prefill:
@@ -118,7 +125,7 @@ def _advance(active: list[_Row], model: StepModel, step_tokens: int) -> float:
         if r.prefill_remaining <= 0:  # the last chunk also yields the first token
             r.decoding = True
             r.decode_left -= 1
-    return k * model.step_s(plan.prefill_tokens, len(plan.decode))
+    return k * step_s
 
 
 def predict_finish_s(req: RouteRequest, w: WorkerView, ahead: Ahead | None = None) -> float:

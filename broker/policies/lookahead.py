@@ -52,11 +52,9 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
-from tandem.broker.policies.finish import FinishTime, _Row, step_model
+from tandem.broker.policies.finish import _NO_KV_LIMIT, FinishTime, _advance, _Row, step_model
 from tandem.broker.policies.views import Decision, RouteRequest, WorkerView
-from tandem.workers.schedule import admissible, plan_step, repeats
-
-_NO_KV_LIMIT = 1 << 62  # as finish.py: the router's views carry no KV reservations
+from tandem.workers.schedule import admissible
 
 Extra = tuple[float, int, int]  # (arrival seconds from now, prompt tokens to compute, budget)
 
@@ -102,19 +100,8 @@ def finishes(w: WorkerView, extras: Sequence[Extra]) -> tuple[list[float], float
         if not active:
             t = pending[0][0]  # idle until the next arrival
             continue
-        plan = plan_step(active, step_tokens)
-        step_s = model.step_s(plan.prefill_tokens, len(plan.decode))
-        k = repeats(plan, [r.decode_left for r in plan.decode])
-        if pending:  # stop at the next arrival's step: it may be admitted then
-            k = min(k, max(1, math.ceil((pending[0][0] - t) / step_s - 1e-9)))
-        for r in plan.decode:
-            r.decode_left -= k
-        for r, n in plan.prefill:
-            r.prefill_remaining -= k * n
-            if r.prefill_remaining <= 0:  # the last chunk also yields the first token
-                r.decoding = True
-                r.decode_left -= 1
-        t += k * step_s
+        # Stop at the next arrival's step: it may be admitted then.
+        t += _advance(active, model, step_tokens, pending[0][0] - t if pending else None)
         for r in active:
             if r.decoding and r.decode_left <= 0:
                 r.end = t
