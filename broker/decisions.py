@@ -4,8 +4,10 @@ A record: ``time`` (unix seconds), ``request`` (the client's id), ``prompt_token
 ``max_tokens`` (the decode estimate the policy saw), ``policy``, ``candidates``
 (per worker: ``id``, ``device``, ``active``, ``queued``, ``cached_tokens`` of this
 prompt, phase_cost's ``P`` and ``D`` tokens, ``prefill_rate``, ``decode_rate`` at
-the batch it would run, and the policy's ``score``), ``choice``, plus any
-``extra`` fields the router adds (e.g. the decode estimate in use).
+the batch it would run, and the policy's ``score``), ``choice``,
+``arrivals_before`` (how long before this request the last 8 client requests
+arrived, seconds; absent when none did, within 10 s), plus any ``extra`` fields
+the router adds (e.g. the decode estimate in use).
 P and D are logged whatever the policy, so runs under different policies can be
 compared; ``score`` is always the deciding policy's own.
 """
@@ -51,7 +53,7 @@ def decision_record(
                 "score": decision.scores.get(v.id),
             }
         )
-    return {
+    record = {
         "time": time.time(),
         "request": request_id,
         "prompt_tokens": req.prompt_tokens,
@@ -61,6 +63,9 @@ def decision_record(
         "choice": decision.worker_id,
         **(extra or {}),
     }
+    if req.arrivals_before:  # what lookahead reads its forecast from
+        record["arrivals_before"] = [round(a, 4) for a in req.arrivals_before[:8]]
+    return record
 
 
 class DecisionLog:

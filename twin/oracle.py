@@ -214,7 +214,10 @@ def annotate(
                 if "" in own:  # a failed request: nothing to compare
                     continue
                 run["twin_oracle"] = best.to_json(search.makespan(own))
-                run["twin_oracle"]["policy_makespan_s"] = search.policy_makespan(policy)
+                # A forced policy's placement is its own: its replay is the pinned one.
+                forced = policy.startswith("forced:") and len(set(own)) == 1
+                mk = search.makespan(own) if forced else search.policy_makespan(policy)
+                run["twin_oracle"]["policy_makespan_s"] = mk
                 done += 1
                 if progress is not None:
                     progress(group["label"], index, run["twin_oracle"])

@@ -60,3 +60,6 @@ def test_policy_serves_a_mixed_cluster(policy, tmp_path):
         assert chosen == {"cpu0"}
     if policy == "round_robin":
         assert chosen == {"cpu0", "sim0"}
+    # The router told every policy of the burst's earlier arrivals (lookahead reads them).
+    told = sorted(len(rec.get("arrivals_before", [])) for rec in lines)
+    assert told == [0, 1, 2, 3]

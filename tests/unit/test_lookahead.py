@@ -168,3 +168,15 @@ def test_on_the_h200_s_served_step_times_the_8_burst_ends_sooner():
     (greedy, greedy_cpu), (ahead, ahead_cpu) = run("finish_time"), run("lookahead")
     assert ahead_cpu < greedy_cpu
     assert ahead < 0.95 * greedy
+
+
+def test_the_twin_router_hands_each_burst_request_the_arrivals_before_it():
+    """Arrivals are noted as client requests come (not the pinned prefix seeds), and
+    every decision record says what the policy was told."""
+    specs = [_served("cpu", 1027.0, H200_CPU, 4), _served("gpu", 18213.0, H200_GPU, 16)]
+    encode = make_encoder([parse_worker("sim:h200-gpu", set())])
+    wl = Workload(kind="burst", requests=5, spacing_s=0.05, same_prompt=True)
+    rep = replay(specs, "lookahead", wl.arrivals(0), PromptBook(encode, wl))
+    told = [d.get("arrivals_before", []) for d in rep.decisions]
+    assert [len(t) for t in told] == [0, 1, 2, 3, 4]
+    assert told[4] == pytest.approx([0.05, 0.1, 0.15, 0.2], abs=1e-6)
