@@ -12,7 +12,8 @@ from tandem.broker.policies.views import Load, RouteRequest, WorkerView
 def state_from_json(state: Any) -> tuple[RouteRequest, list[WorkerView]]:
     """Parse a ``tandem route explain`` STATE document; ValueError says what is wrong.
 
-    ``{"request": {"prompt_tokens", "max_tokens"}, "workers": [{"id",
+    ``{"request": {"prompt_tokens", "max_tokens", "arrivals_before"?: [seconds]},
+    "workers": [{"id",
     "prefill_rate", "decode_rate", "cached_tokens"?, "max_active"?, "device"?,
     "active"?: [{"prefill_remaining", "decode_remaining"}], "queued"?: [...]}]}``.
     ``decode_rate`` is one number or a list of aggregate tok/s by batch size
@@ -21,7 +22,11 @@ def state_from_json(state: Any) -> tuple[RouteRequest, list[WorkerView]]:
     if not isinstance(state, dict):
         raise ValueError("STATE must be a JSON object with 'request' and 'workers'")
     r = _obj(state.get("request"), "request")
-    req = RouteRequest(_int(r, "prompt_tokens", "request", lo=1), _int(r, "max_tokens", "request"))
+    req = RouteRequest(
+        _int(r, "prompt_tokens", "request", lo=1),
+        _int(r, "max_tokens", "request"),
+        _ages(r.get("arrivals_before", []), "request.arrivals_before"),
+    )
     workers = state.get("workers")
     if not isinstance(workers, list) or not workers:
         raise ValueError("'workers' must be a non-empty list")
@@ -30,6 +35,20 @@ def state_from_json(state: Any) -> tuple[RouteRequest, list[WorkerView]]:
     if len(set(ids)) != len(ids):
         raise ValueError(f"worker ids must be unique, got {ids}")
     return req, views
+
+
+def _ages(raw: Any, where: str) -> tuple[float, ...]:
+    """Seconds before the request, newest first (as the decision log writes them)."""
+    if not isinstance(raw, list):
+        raise ValueError(f"{where} must be a list of seconds")
+    ages = []
+    for x in raw:
+        if isinstance(x, bool) or not isinstance(x, int | float) or not 0 <= x < 1e6:
+            raise ValueError(f"{where} must hold seconds >= 0, got {x!r}")
+        ages.append(float(x))
+    if ages != sorted(ages):
+        raise ValueError(f"{where} must be newest first (ascending seconds)")
+    return tuple(ages)
 
 
 def _worker_view(w: dict[str, Any], where: str) -> WorkerView:

@@ -180,3 +180,26 @@ def test_the_twin_router_hands_each_burst_request_the_arrivals_before_it():
     told = [d.get("arrivals_before", []) for d in rep.decisions]
     assert [len(t) for t in told] == [0, 1, 2, 3, 4]
     assert told[4] == pytest.approx([0.05, 0.1, 0.15, 0.2], abs=1e-6)
+
+
+def test_route_explain_states_carry_the_arrivals_lookahead_reads():
+    from tandem.broker.policies.state import state_from_json
+
+    worker = {"prefill_rate": 900.0, "cached_tokens": 512, "active": [
+        {"prefill_remaining": 0, "decode_remaining": 100}]}  # fmt: skip
+    state = {
+        "request": {"prompt_tokens": 516, "max_tokens": 128,
+                    "arrivals_before": [0.05, 0.1, 0.15, 0.2, 0.25]},
+        "workers": [worker | {"id": "cpu", "decode_rate": list(CPU_RATES)},
+                    worker | {"id": "gpu", "decode_rate": list(HUNGRY_GPU), "prefill_rate": 2e4,
+                              "active": [{"prefill_remaining": 0, "decode_remaining": 120}]}],
+    }  # fmt: skip
+    req, views = state_from_json(state)
+    assert Lookahead().choose(req, views).worker_id == "gpu"
+    state["request"] = {"prompt_tokens": 516, "max_tokens": 128}
+    req, views = state_from_json(state)
+    assert Lookahead().choose(req, views).worker_id == "cpu"
+    for bad in ([0.2, 0.1], [-1.0], ["x"], 0.5, [float("nan")]):
+        state["request"] = {"prompt_tokens": 516, "max_tokens": 128, "arrivals_before": bad}
+        with pytest.raises(ValueError, match="arrivals_before"):
+            state_from_json(state)
