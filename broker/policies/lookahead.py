@@ -150,9 +150,11 @@ class Lookahead:
 
     def choose(self, req: RouteRequest, workers: list[WorkerView]) -> Decision:
         base = self.base.choose(req, workers)
-        recent = req.arrivals_before
-        if len(workers) < 2 or not recent or sum(a <= 1.0 for a in recent) > self.MAX_PER_S:
+        recent = req.arrivals_before  # newest first
+        if len(workers) < 2 or not recent:
             return base
+        if len(recent) > self.MAX_PER_S and recent[self.MAX_PER_S] <= 1.0:
+            return base  # more than MAX_PER_S arrivals in the last second
         scores = base.scores
         ranked = sorted(workers, key=lambda w: (scores[w.id], w.n_requests, w.id))
         coming = expected_arrivals(req, scores[ranked[0].id], self.MAX_EXPECTED)

@@ -203,3 +203,10 @@ def test_route_explain_states_carry_the_arrivals_lookahead_reads():
         state["request"] = {"prompt_tokens": 516, "max_tokens": 128, "arrivals_before": bad}
         with pytest.raises(ValueError, match="arrivals_before"):
             state_from_json(state)
+
+
+def test_past_its_rate_bound_it_decides_as_finish_time():
+    req = RouteRequest(516, 128, (0.05, 0.1, 0.15, 0.2, 0.25))
+    assert Lookahead().choose(req, _pair(1, 1)).worker_id == "gpu"
+    flood = RouteRequest(516, 128, tuple(0.001 * i for i in range(1, Lookahead.MAX_PER_S + 2)))
+    assert Lookahead().choose(flood, _pair(1, 1)) == FinishTime().choose(flood, _pair(1, 1))
