@@ -119,6 +119,7 @@ class Cluster:
 
     def wait_for_workers(self, ids: set[str]) -> None:
         deadline = time.monotonic() + self.start_timeout_s
+        have: set[str] = set()
         with self.client(timeout_s=5.0) as c:
             while time.monotonic() < deadline:
                 try:
@@ -133,7 +134,9 @@ class Cluster:
                             f"{name} exited with {proc.returncode}: {self.log(name)}"
                         )
                 time.sleep(0.1)
-        raise TimeoutError(f"workers {sorted(ids)} did not register: {self.log_dir}")
+        # The log folder goes with the cluster: say what the processes said.
+        tails = "\n".join(f"--- {name}:\n{self.log(name)[-1500:]}" for name in self.procs)
+        raise TimeoutError(f"workers {sorted(ids - have)} did not register:\n{tails}")
 
     def start_gateway(self, name: str = "gateway", args: tuple[str, ...] = ()) -> str:
         """Start ``tandem gateway`` in front of this router; returns its base URL once it

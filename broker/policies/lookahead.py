@@ -117,7 +117,9 @@ def batch_hungry(w: WorkerView) -> bool:
     steps = step_model(w).decode_s
     top = min(w.max_active, len(steps) - 1)
     joins = w.n_requests + 1
-    return joins < top and steps[top] <= steps[joins]
+    # Equal steps count (up to rounding): past the largest batch it has run, pricing
+    # holds a worker's step at most constant, and a flat step is what hunger means.
+    return joins < top and steps[top] <= steps[joins] * (1.0 + 1e-9)
 
 
 def expected_arrivals(req: RouteRequest, horizon_s: float, most: int) -> list[float]:

@@ -210,3 +210,19 @@ def test_past_its_rate_bound_it_decides_as_finish_time():
     assert Lookahead().choose(req, _pair(1, 1)).worker_id == "gpu"
     flood = RouteRequest(516, 128, tuple(0.001 * i for i in range(1, Lookahead.MAX_PER_S + 2)))
     assert Lookahead().choose(flood, _pair(1, 1)) == FinishTime().choose(flood, _pair(1, 1))
+
+
+def test_the_twin_replays_the_recorded_lookahead_bench():
+    """docs/results/lookahead-sim: the live router (real processes, sim devices) and the
+    twin place every case alike and agree on makespan within the twin's 3 %."""
+    import json
+    from pathlib import Path
+
+    from tandem.twin.validate import TOLERANCE, compare
+
+    path = Path(__file__).resolve().parents[2] / "docs/results/lookahead-sim/result.json"
+    encode = make_encoder([parse_worker("sim:h200-gpu", set())])
+    rows = compare(json.loads(path.read_text()), encode)
+    assert {r["policy"].split("+")[0] for r in rows} == {"forced:gpu", "finish_time", "lookahead"}
+    for r in rows:
+        assert abs(r["makespan_diff"]) <= TOLERANCE and r["placement_diff"] == 0.0, r
