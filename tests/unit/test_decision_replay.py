@@ -31,6 +31,7 @@ SCENARIOS = {
     "least_tokens": {"policy": "least_tokens"},
     "cache_aware": {"policy": "cache_aware"},
     "least_loaded": {"policy": "least_loaded"},
+    "finish_time": {"policy": "finish_time"},
 }
 RATES = [
     (2551.0, [293.0, 533.0, 732.0, 902.0]),
