@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
+from typing import Any
 
 from tandem.broker.policies.views import Decision, RouteRequest, WorkerView, tie_break
 from tandem.workers.schedule import admissible, decode_segments, plan_step, repeats
@@ -48,7 +49,7 @@ class _Row:
 class StepModel:
     """Seconds of one engine step on one worker, from its view's rates."""
 
-    __slots__ = ("prefill_rate", "decode_s", "overhead_s")
+    __slots__ = ("prefill_rate", "decode_s", "overhead_s", "min_decode_s")
 
     def __init__(self, w: WorkerView) -> None:
         self.prefill_rate = w.prefill_rate
@@ -62,6 +63,9 @@ class StepModel:
         # aggregate rate plateaus (the step grows linearly), as the sim device assumes.
         self.decode_s = [0.0] + [b / r for b, r in enumerate(rates, 1)]
         self.overhead_s = float(getattr(w, "step_overhead_s", 0.0) or 0.0)
+        # The least decode seconds of any step with b >= 1 rows (past the table a step
+        # only grows): what ``_Memo.bound_s`` charges each decode step of a request.
+        self.min_decode_s = min(self.decode_s[1:])
 
     def step_s(self, prefill_tokens: int, decode_rows: int) -> float:
         if decode_rows < len(self.decode_s):
@@ -150,6 +154,37 @@ def predict_finish_s(req: RouteRequest, w: WorkerView, ahead: Ahead | None = Non
         active = [r for r in active if not (r.decoding and r.decode_left <= 0)]
 
 
+class _Memo:
+    """What ``FinishTime`` keeps on one view (``WorkerView.memo``): its step model, the
+    prefill tokens ahead of a new request, the drain ahead (made on the first exact
+    prediction: a pruned worker never needs it) and answers by question."""
+
+    __slots__ = ("model", "prefill_ahead", "ahead", "answers")
+
+    def __init__(self, w: WorkerView) -> None:
+        self.model = step_model(w)
+        # May count a negative remainder, which only lowers the bound below.
+        self.prefill_ahead = w.backlog[0]
+        self.ahead: Ahead | None = None
+        self.answers: dict[tuple[int, int], float] = {}
+
+    def bound_s(self, uncached: int, decode_steps: int) -> float:
+        """A lower bound of ``predict_finish_s`` for a request with ``uncached`` prompt
+        tokens to compute and ``decode_steps`` (= max_tokens - 1, >= 0) steps after its
+        first token. Prefill chunks go in admission order, so by the request's first
+        token every prompt token ahead of it has been computed, as has its own; every
+        later step decodes it, at no less than the fastest step per batch; every step
+        costs the overhead. Each step's time is the sum of those three parts."""
+        m = self.model
+        prefill_s = (self.prefill_ahead + uncached) / m.prefill_rate
+        return prefill_s + decode_steps * m.min_decode_s + (decode_steps + 1) * m.overhead_s
+
+
+# Floating-point slack: a bound and an exact score are sums of the same terms grouped
+# differently, so a bound may exceed an equal score by rounding (~1e-15 per term).
+_PRUNE_SLACK = 1e-9
+
+
 class FinishTime:
     """Predicted finish time of the new request on each worker (see the module docstring).
 
@@ -160,25 +195,62 @@ class FinishTime:
     the same question of every worker it did not change), in ``WorkerView.memo``,
     which lives until the worker changes. Memoized answers are the numbers the
     computation gives: decisions do not change.
+
+    Branch and bound: a worker without a memoized answer is first given a cheap
+    lower bound (``_Memo.bound_s``); they are predicted in order of bound, and those
+    whose bound exceeds the best score found (by more than rounding) are never
+    predicted: their score could only be larger, so they cannot be chosen, nor tie.
+    Their ``Decision.scores`` entry is that bound, and ``Decision.pruned`` names
+    them (the decision log marks them). ``prune=False`` predicts every worker.
     """
 
     name = "finish_time"
     takes_any = True
     PER_VIEW = 64  # distinct questions kept per view
 
+    def __init__(self, prune: bool = True) -> None:
+        self.prune = prune
+
     def choose(self, req: RouteRequest, workers: list[WorkerView]) -> Decision:
         scores: dict[str, float] = {}
         prompt, budget = req.prompt_tokens, req.max_tokens
-        for w in workers:  # once per worker per request: kept to a few lookups
+        best = math.inf
+        todo: list[tuple[float, int, WorkerView, _Memo, tuple[int, int]]] = []
+        decode_steps = max(0, budget - 1)
+        for i, w in enumerate(workers):  # once per worker per request: a few lookups
             memo = w.memo.get("finish_time")
             if memo is None:
-                answers: dict[tuple[int, int], float] = {}
-                memo = w.memo["finish_time"] = (drain_ahead(w), answers)
-            question = (max(1, prompt - w.cached_tokens), budget)
-            got = memo[1].get(question)
+                memo = w.memo["finish_time"] = _Memo(w)
+            uncached = prompt - w.cached_tokens
+            question = (uncached if uncached > 1 else 1, budget)
+            got = memo.answers.get(question)
             if got is None:
-                if len(memo[1]) >= self.PER_VIEW:
-                    memo[1].clear()
-                got = memo[1][question] = predict_finish_s(req, w, memo[0])
-            scores[w.id] = got
-        return tie_break(workers, scores)
+                todo.append((memo.bound_s(question[0], decode_steps), i, w, memo, question))
+            else:
+                scores[w.id] = got
+                if got < best:
+                    best = got
+        pruned: list[str] = []
+        if todo:
+            todo.sort(key=_bound_then_position)
+            for bound, _, w, memo, question in todo:
+                if self.prune and bound > best * (1.0 + _PRUNE_SLACK):
+                    scores[w.id] = bound  # and so for every later one (sorted by bound)
+                    pruned.append(w.id)
+                    continue
+                if memo.ahead is None:
+                    memo.ahead = drain_ahead(w)
+                if len(memo.answers) >= self.PER_VIEW:
+                    memo.answers.clear()
+                got = memo.answers[question] = predict_finish_s(req, w, memo.ahead)
+                scores[w.id] = got
+                if got < best:
+                    best = got
+        decision = tie_break(workers, scores)
+        if pruned:
+            decision = Decision(decision.worker_id, scores, frozenset(pruned))
+        return decision
+
+
+def _bound_then_position(item: tuple[float, int, Any, Any, Any]) -> tuple[float, int]:
+    return item[0], item[1]
