@@ -344,14 +344,10 @@ class Router:
             return True
         tokens = req.tokens + req.output_ids  # a migrated stream continues after its output
         n, budget = len(tokens), req.budget_left  # once, not once per worker
-        # One pass: workers the request fits and that have room (batch + queue share).
-        cap = self.cfg.admission.inflight_cap
-        candidates = [
-            w
-            for w in self.workers.values()
-            if len(w.inflight) < cap(w.info.max_active) and w.fits(n, budget)
-        ]
-        if not candidates:
+        blocks = PromptBlocks(tokens)  # hashed once per block size, not once per worker
+        # One pass: views of the workers it fits that have room (batch + queue share).
+        views = self.views.candidates(self.workers.values(), blocks, n, budget)
+        if not views:
             if any(w.fits(n, budget) for w in self.workers.values()):
                 return False  # it fits somewhere: wait for room
             limit = max((w.info.n_ctx for w in self.workers.values()), default=0)
@@ -365,8 +361,6 @@ class Router:
         # A migrated request is not an arrival: nothing to expect from it.
         arrivals = () if req.lost_on else req.arrivals_before
         rr = self.calibration.route_request(n, budget, arrivals)
-        blocks = PromptBlocks(tokens)  # hashed once per block size, not once per worker
-        views = self.views.views(candidates, blocks)
         policy = parse_policy(f"forced:{sub.worker}") if sub.worker else self.policy
         try:
             if len(views) == 1 and policy.takes_any:  # nothing to choose: nothing to score
@@ -396,20 +390,15 @@ class Router:
             extra = self.calibration.log_fields()
             record = decision_record(sub.request_id, policy.name, rr, views, decision, extra)
             self.decisions.write(record)
-        self._assign(req, tokens, self.workers[decision.worker_id], views, blocks)
+        self._assign(req, tokens, self.workers[decision.worker_id], blocks)
         return True
 
     def _assign(
-        self,
-        req: ClientRequest,
-        tokens: list[int],
-        w: WorkerState,
-        views: list,
-        blocks: PromptBlocks,
+        self, req: ClientRequest, tokens: list[int], w: WorkerState, blocks: PromptBlocks
     ) -> None:
         sub = req.submit
         wid = self.ids.next()
-        cached = next(v.cached_tokens for v in views if v.id == w.id)
+        cached = blocks.cached_on(w)  # as its view said (the chain is hashed as far already)
         resume = len(req.output_ids)
         # Queued: the turn's Assigns to one worker leave in one frame (_flush; one that
         # cannot leave puts its request back in the queue, _assigns_lost).
@@ -417,8 +406,9 @@ class Router:
         req.wid, req.worker_id, req.t_assigned = wid, w.id, time.monotonic()
         req.prompt_tokens, req.cached_estimate = len(req.tokens or ()), cached
         prefill_only = sub.sampling.prefill_only
-        hashes = blocks.hashes(w.info.block_size)
-        w.track(Routed(wid, w.id, len(tokens), req.budget_left, cached, prefill_only, 0, hashes))
+        # Hashed in full only if it finishes there (WorkerState.finished notes them).
+        chain = blocks.chain(w.info.block_size)
+        w.track(Routed(wid, w.id, len(tokens), req.budget_left, cached, prefill_only, 0, chain))
         w.routed_total += 1
         self.requests[wid] = req
         self._by_client[(req.client, sub.request_id)] = wid
@@ -559,7 +549,8 @@ class Router:
                 return
         if old is not None:
             self._drop_worker(old, "re-registered")
-        self.workers[ready.worker_id] = WorkerState(identity, ready)
+        cap = self.cfg.admission.inflight_cap(ready.max_active)
+        self.workers[ready.worker_id] = WorkerState(identity, ready, inflight_cap=cap)
         self._by_identity[identity] = ready.worker_id
         log.info(
             "worker %s joined: %s on %s, max_active %d",
@@ -648,7 +639,6 @@ class Router:
     def _drop_worker(self, w: WorkerState, why: str) -> None:
         log.warning("worker %s removed: %s", w.id, why)
         self.workers.pop(w.id, None)
-        self.views.forget(w.id)
         self._hb_frames.pop(w.identity, None)
         if self._by_identity.get(w.identity) == w.id:
             del self._by_identity[w.identity]

@@ -157,7 +157,7 @@ def predict_finish_s(req: RouteRequest, w: WorkerView, ahead: Ahead | None = Non
 class _Memo:
     """What ``FinishTime`` keeps on one view (``WorkerView.memo``): its step model, the
     prefill tokens ahead of a new request, the drain ahead (made on the first exact
-    prediction: a pruned worker never needs it) and answers by question."""
+    prediction: a pruned worker never needs it), answers and bounds by question."""
 
     __slots__ = ("model", "prefill_ahead", "ahead", "answers")
 
@@ -166,6 +166,8 @@ class _Memo:
         # May count a negative remainder, which only lowers the bound below.
         self.prefill_ahead = w.backlog[0]
         self.ahead: Ahead | None = None
+        # By question: the predicted score (> 0: every prompt computes >= 1 token), or
+        # minus its lower bound while only that is known (one lookup either way).
         self.answers: dict[tuple[int, int], float] = {}
 
     def bound_s(self, uncached: int, decode_steps: int) -> float:
@@ -214,10 +216,15 @@ class FinishTime:
     def choose(self, req: RouteRequest, workers: list[WorkerView]) -> Decision:
         scores: dict[str, float] = {}
         prompt, budget = req.prompt_tokens, req.max_tokens
-        best = math.inf
-        todo: list[tuple[float, int, WorkerView, _Memo, tuple[int, int]]] = []
         decode_steps = max(0, budget - 1)
-        for i, w in enumerate(workers):  # once per worker per request: a few lookups
+        # The best exact score so far, the workers that have it, and the bound above
+        # which a worker is pruned (inf: none while pruning is off).
+        best, limit = math.inf, math.inf
+        tied: list[WorkerView] = []
+        slack = 1.0 + _PRUNE_SLACK if self.prune else math.inf
+        todo: list[tuple[float, WorkerView, _Memo, tuple[int, int]]] = []
+        pruned: list[str] = []
+        for w in workers:  # once per worker per request: a few lookups
             memo = w.memo.get("finish_time")
             if memo is None:
                 memo = w.memo["finish_time"] = _Memo(w)
@@ -225,32 +232,44 @@ class FinishTime:
             question = (uncached if uncached > 1 else 1, budget)
             got = memo.answers.get(question)
             if got is None:
-                todo.append((memo.bound_s(question[0], decode_steps), i, w, memo, question))
-            else:
-                scores[w.id] = got
-                if got < best:
-                    best = got
-        pruned: list[str] = []
-        if todo:
-            todo.sort(key=_bound_then_position)
-            for bound, _, w, memo, question in todo:
-                if self.prune and bound > best * (1.0 + _PRUNE_SLACK):
-                    scores[w.id] = bound  # and so for every later one (sorted by bound)
-                    pruned.append(w.id)
-                    continue
-                if memo.ahead is None:
-                    memo.ahead = drain_ahead(w)
                 if len(memo.answers) >= self.PER_VIEW:
                     memo.answers.clear()
-                got = memo.answers[question] = predict_finish_s(req, w, memo.ahead)
+                got = memo.answers[question] = -memo.bound_s(question[0], decode_steps)
+            if got > 0.0:  # exact
                 scores[w.id] = got
+                if got <= best:
+                    if got < best:
+                        best, tied, limit = got, [], got * slack
+                    tied.append(w)
+                continue
+            bound = -got
+            if bound > limit:  # best only falls: it stays pruned
+                scores[w.id] = bound
+                pruned.append(w.id)
+            else:
+                todo.append((bound, w, memo, question))
+        todo.sort(key=_bound)  # stable: equal bounds in the workers' order
+        for bound, w, memo, question in todo:
+            if bound > limit:
+                scores[w.id] = bound  # and so for every later one (sorted by bound)
+                pruned.append(w.id)
+                continue
+            if memo.ahead is None:
+                memo.ahead = drain_ahead(w)
+            got = memo.answers[question] = predict_finish_s(req, w, memo.ahead)
+            scores[w.id] = got
+            if got <= best:
                 if got < best:
-                    best = got
-        decision = tie_break(workers, scores)
+                    best, tied, limit = got, [], got * slack
+                tied.append(w)
+        # The least score's workers, found on the way: tie_break over them alone.
+        decision = (
+            Decision(tied[0].id, scores) if len(tied) == 1 else tie_break(tied or workers, scores)
+        )
         if pruned:
             decision = Decision(decision.worker_id, scores, frozenset(pruned))
         return decision
 
 
-def _bound_then_position(item: tuple[float, int, Any, Any, Any]) -> tuple[float, int]:
-    return item[0], item[1]
+def _bound(item: tuple[float, Any, Any, Any]) -> float:
+    return item[0]
