@@ -592,7 +592,8 @@ class Router:
                 self.outbox.add(w, req, token_ids, text)
         if relayed:
             self.liveness.on_output(w.id, now)
-            self.metrics.on_tokens(w.id, n_tokens)
+            # Counted once the tokens have left (_flush), as the other metrics hooks.
+            self._settle.append((self.metrics.on_tokens, (w.id, n_tokens)))
 
     def relay(self, w: WorkerState, msg: p.Done | p.Error) -> None:
         wid = msg.request_id
