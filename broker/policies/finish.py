@@ -23,6 +23,7 @@ on the worker rather than one per token.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections import deque
@@ -200,15 +201,19 @@ class FinishTime:
 
     Branch and bound: a worker without a memoized answer is first given a cheap
     lower bound (``_Memo.bound_s``); they are predicted in order of bound, and those
-    whose bound exceeds the best score found (by more than rounding) are never
-    predicted: their score could only be larger, so they cannot be chosen, nor tie.
-    Their ``Decision.scores`` entry is that bound, and ``Decision.pruned`` names
-    them (the decision log marks them). ``prune=False`` predicts every worker.
+    whose bound exceeds the ``KEEP``-th best score found (by more than rounding) are
+    never predicted: their score could only be larger, so they can neither be
+    chosen, nor tie, nor rank among the best ``KEEP``. Their ``Decision.scores``
+    entry is that bound, and ``Decision.pruned`` names them (the decision log marks
+    them). ``prune=False`` predicts every worker.
     """
 
     name = "finish_time"
     takes_any = True
     PER_VIEW = 64  # distinct questions kept per view
+    # Candidates scored exactly whatever their bounds: a caller may rank this many by
+    # score (lookahead compares its best 2 and places arrivals on its best 4).
+    KEEP = 4
 
     def __init__(self, prune: bool = True) -> None:
         self.prune = prune
@@ -217,10 +222,13 @@ class FinishTime:
         scores: dict[str, float] = {}
         prompt, budget = req.prompt_tokens, req.max_tokens
         decode_steps = max(0, budget - 1)
-        # The best exact score so far, the workers that have it, and the bound above
-        # which a worker is pruned (inf: none while pruning is off).
+        # The best exact score so far and the workers that have it; the KEEP least
+        # exact scores, and the bound above which a worker is pruned (inf until there
+        # are KEEP of them, or while pruning is off).
         best, limit = math.inf, math.inf
         tied: list[WorkerView] = []
+        least: list[float] = []
+        keep = self.KEEP
         slack = 1.0 + _PRUNE_SLACK if self.prune else math.inf
         todo: list[tuple[float, WorkerView, _Memo, tuple[int, int]]] = []
         pruned: list[str] = []
@@ -239,8 +247,10 @@ class FinishTime:
                 scores[w.id] = got
                 if got <= best:
                     if got < best:
-                        best, tied, limit = got, [], got * slack
+                        best, tied = got, []
                     tied.append(w)
+                if len(least) < keep or got < least[-1]:
+                    limit = _admit(least, got, keep, slack)
                 continue
             bound = -got
             if bound > limit:  # best only falls: it stays pruned
@@ -260,8 +270,10 @@ class FinishTime:
             scores[w.id] = got
             if got <= best:
                 if got < best:
-                    best, tied, limit = got, [], got * slack
+                    best, tied = got, []
                 tied.append(w)
+            if len(least) < keep or got < least[-1]:
+                limit = _admit(least, got, keep, slack)
         # The least score's workers, found on the way: tie_break over them alone.
         decision = (
             Decision(tied[0].id, scores) if len(tied) == 1 else tie_break(tied or workers, scores)
@@ -273,3 +285,10 @@ class FinishTime:
 
 def _bound(item: tuple[float, Any, Any, Any]) -> float:
     return item[0]
+
+
+def _admit(least: list[float], score: float, keep: int, slack: float) -> float:
+    """Put ``score`` among the ``keep`` least (sorted); the pruning limit they set."""
+    bisect.insort(least, score)
+    del least[keep:]
+    return least[-1] * slack if len(least) == keep else math.inf

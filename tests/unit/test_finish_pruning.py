@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from tandem.broker.decisions import DecisionLog, decision_record
 from tandem.broker.policies import FinishTime, Load, RouteRequest, WorkerView
 from tandem.broker.policies.finish import predict_finish_s
+from tandem.broker.policies.lookahead import Lookahead
 from tandem.cli.main import main
 
 loads = st.lists(
@@ -68,39 +69,61 @@ def test_pruning_never_changes_a_choice(fleet: list[WorkerView], req: RouteReque
         want = FinishTime(prune=False).choose(r, [dataclasses.replace(v) for v in fleet])
         assert got.worker_id == want.worker_id
         assert not want.pruned
+        # Pruned: above the KEEP-th least exact score, so never among the best KEEP.
+        kth = sorted(want.scores.values())[min(FinishTime.KEEP, len(fleet)) - 1]
         for w in fleet:
             if w.id in got.pruned:
                 bound, exact = got.scores[w.id], want.scores[w.id]
-                assert want.scores[got.worker_id] < bound <= exact * (1 + 1e-12)  # rounding
+                assert kth < bound <= exact * (1 + 1e-12)  # rounding
             else:
                 assert got.scores[w.id] == want.scores[w.id]
 
 
+arrivals = st.lists(st.floats(0.0, 3.0), max_size=12).map(lambda xs: tuple(sorted(xs)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(views(), requests, arrivals)
+def test_lookahead_decides_alike_over_a_pruning_base(
+    fleet: list[WorkerView], req: RouteRequest, recent: tuple[float, ...]
+) -> None:
+    """lookahead ranks finish_time's best few (FinishTime.KEEP covers its pool)."""
+    assert Lookahead.CANDIDATES <= Lookahead.POOL <= FinishTime.KEEP
+    r = RouteRequest(req.prompt_tokens, req.max_tokens, recent)
+    exhaustive = Lookahead()
+    exhaustive.base = FinishTime(prune=False)
+    got = Lookahead().choose(r, fleet)
+    assert got.worker_id == exhaustive.choose(r, [dataclasses.replace(v) for v in fleet]).worker_id
+
+
+def _fleet() -> list[WorkerView]:
+    """A slow worker and, beyond FinishTime.KEEP, fast ones (fast0 the least loaded)."""
+    fast = [
+        WorkerView(f"fast{i}", 5000.0, (100.0, 180.0), 2, active=(Load(0, 5),) * min(i, 1))
+        for i in range(FinishTime.KEEP)
+    ]
+    return [WorkerView("slow", 50.0, (10.0,), 1, queued=(Load(400, 50),)), *fast]
+
+
 def test_a_slow_worker_is_pruned_and_logged_with_its_bound():
-    fast = WorkerView("fast", 5000.0, (100.0, 180.0), 2)
-    slow = WorkerView("slow", 50.0, (10.0,), 1, queued=(Load(400, 50),))
+    fleet = _fleet()
+    slow, fast = fleet[0], fleet[1]
     req = RouteRequest(300, 16)
-    d = FinishTime().choose(req, [slow, fast])
-    assert d.worker_id == "fast" and d.pruned == frozenset({"slow"})
-    assert d.scores["fast"] == predict_finish_s(req, fast)
-    assert d.scores["fast"] < d.scores["slow"] <= predict_finish_s(req, slow)
-    record = decision_record("r1", "finish_time", req, [slow, fast], d)
+    d = FinishTime().choose(req, fleet)
+    assert d.worker_id == "fast0" and d.pruned == frozenset({"slow"})
+    assert d.scores["fast0"] == predict_finish_s(req, fast)
+    assert d.scores["fast0"] < d.scores["slow"] <= predict_finish_s(req, slow)
+    record = decision_record("r1", "finish_time", req, fleet, d)
     by_id = {c["id"]: c for c in record["candidates"]}
-    assert by_id["slow"]["pruned"] is True and "pruned" not in by_id["fast"]
+    assert by_id["slow"]["pruned"] is True and "pruned" not in by_id["fast0"]
     assert by_id["slow"]["score"] == d.scores["slow"]
 
 
 def test_the_decisions_table_marks_a_pruned_score_as_a_bound(tmp_path: Path) -> None:
-    fast = WorkerView("fast", 5000.0, (100.0, 180.0), 2)
-    slow = WorkerView("slow", 50.0, (10.0,), 1, queued=(Load(400, 50),))
-    req = RouteRequest(300, 16)
+    fleet, req = _fleet(), RouteRequest(300, 16)
     log_path = tmp_path / "decisions.jsonl"
     log = DecisionLog(str(log_path))
-    log.write(
-        decision_record(
-            "r1", "finish_time", req, [slow, fast], FinishTime().choose(req, [slow, fast])
-        )
-    )
+    log.write(decision_record("r1", "finish_time", req, fleet, FinishTime().choose(req, fleet)))
     log.close()
     result = CliRunner().invoke(main, ["decisions", str(log_path)])
     assert result.exit_code == 0, result.output
