@@ -27,6 +27,7 @@ import bisect
 import itertools
 import math
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from tandem.broker.policies.views import Decision, RouteRequest, WorkerView, tie_break
@@ -114,7 +115,7 @@ def drain_ahead(w: WorkerView) -> Ahead:
 
 
 def _advance(
-    active: list[_Row], model: StepModel, step_tokens: int, within_s: float | None = None
+    active: Sequence[_Row], model: StepModel, step_tokens: int, within_s: float | None = None
 ) -> float:
     """Run the engine's next plan over ``active`` for as many steps as it repeats; seconds.
     ``within_s``: stop at the step that reaches this many seconds from now (one at least)."""
