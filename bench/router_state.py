@@ -16,7 +16,6 @@ import uuid
 
 from tandem.bench.null_peers import tiny_spec
 from tandem.broker.ledger import PromptBlocks
-from tandem.broker.policies import WorkerView
 from tandem.broker.requests import ClientRequest
 from tandem.broker.router import Router, RouterConfig
 from tandem.common import protocol as p
@@ -57,7 +56,7 @@ def loaded_router(n_workers: int, rng: random.Random, inflight_each: int = 2) ->
             tokens = rng.choice(PREFIXES)[:300]
             sub = p.Submit(uuid.uuid4().hex, tokens=tokens, sampling=p.SamplingParams(64))
             req = ClientRequest(b"bench-client", sub, time.monotonic())
-            router._assign(req, tokens, w, [WorkerView(w.id, 1.0, (1.0,))], PromptBlocks(tokens))
+            router._assign(req, tokens, w, PromptBlocks(tokens))
     for i, w in enumerate(list(router.workers.values())):
         rows = [p.RequestRow(wid, 300, 0, 100, 20) for wid in w.inflight]
         hashes = block_hashes(PREFIXES[i % len(PREFIXES)][: BLOCK * 20], BLOCK)

@@ -9,7 +9,12 @@ the batch it would run, and the policy's ``score``), ``choice``,
 arrived, seconds; absent when none did, within 10 s), plus any ``extra`` fields
 the router adds (e.g. the decode estimate in use).
 P and D are logged whatever the policy, so runs under different policies can be
-compared; ``score`` is always the deciding policy's own.
+compared; ``score`` is always the deciding policy's own. A candidate that
+finish_time's branch and bound never scored exactly carries ``"pruned": true``
+and, as its ``score``, the lower bound that ruled it out (above the choice's
+score, so the choice is still the candidate with the least logged score). A
+logged router decides by the very code an unlogged one runs: the log shows
+what was computed, and the bound says why each was passed over.
 """
 
 from __future__ import annotations
@@ -37,23 +42,25 @@ def decision_record(
 ) -> dict[str, Any]:
     """The JSON-able record of one decision (see the module docstring)."""
     candidates = []
+    pruned = decision.pruned
     for v in views:
         t = phase_terms(req, v)
-        candidates.append(
-            {
-                "id": v.id,
-                "device": v.device,
-                "active": len(v.active),
-                "queued": len(v.queued),
-                "cached_tokens": v.cached_tokens,
-                "P": t.prefill_tokens,
-                "D": t.decode_tokens,
-                "prefill_rate": t.prefill_rate,
-                "decode_rate": t.decode_rate,
-                "score": decision.scores.get(v.id),
-            }
-        )
-    record = {
+        candidate: dict[str, Any] = {
+            "id": v.id,
+            "device": v.device,
+            "active": len(v.active),
+            "queued": len(v.queued),
+            "cached_tokens": v.cached_tokens,
+            "P": t.prefill_tokens,
+            "D": t.decode_tokens,
+            "prefill_rate": t.prefill_rate,
+            "decode_rate": t.decode_rate,
+            "score": decision.scores.get(v.id),
+        }
+        if v.id in pruned:
+            candidate["pruned"] = True
+        candidates.append(candidate)
+    record: dict[str, Any] = {
         "time": time.time(),
         "request": request_id,
         "prompt_tokens": req.prompt_tokens,

@@ -4,7 +4,8 @@ A decision used to rebuild every candidate's view from its whole ledger and
 re-hash the prompt's blocks per worker (tens of microseconds each, so tens of
 milliseconds at 256 workers). Now:
 
-- ``PromptBlocks`` hashes the prompt's blocks once per block size per decision;
+- ``PromptBlocks`` hashes the prompt's blocks once per block size per decision,
+  and only as far as some worker's held blocks match them (usually one block);
   each worker only walks its held-block set with them.
 - ``ViewCache`` keeps each worker's calibrated view without the prompt-specific
   part (``cached_tokens`` = 0) and rebuilds it only when its inputs changed:
@@ -24,55 +25,58 @@ from collections.abc import Iterable, Sequence
 from tandem.broker.calibration import Calibration
 from tandem.broker.policies import WorkerView
 from tandem.broker.registry import WorkerState
-from tandem.common.blocks import block_hashes, matched_tokens
+from tandem.common.blocks import PrefixChain
 
 
 class PromptBlocks:
-    """One prompt's chained block hashes, per block size, computed on first use."""
+    """One prompt's chained block hashes, per block size, hashed as far as read."""
 
     def __init__(self, tokens: Sequence[int]) -> None:
         self.tokens = tokens
-        self._by_size: dict[int, list[int]] = {}
+        self._by_size: dict[int, PrefixChain] = {}
 
-    def hashes(self, block_size: int) -> list[int]:
+    def chain(self, block_size: int) -> PrefixChain:
+        """The hashes at ``block_size``: a lazy sequence (common/blocks.py)."""
         got = self._by_size.get(block_size)
         if got is None:
             # Workers always leave >= 1 token to compute: the last block must not be it.
-            usable = (len(self.tokens) - 1) // block_size * block_size
-            got = self._by_size[block_size] = block_hashes(self.tokens[:usable], block_size)
+            blocks = (len(self.tokens) - 1) // block_size
+            got = self._by_size[block_size] = PrefixChain(self.tokens, block_size, blocks)
         return got
+
+    def hashes(self, block_size: int) -> list[int]:
+        """Every block hash at ``block_size``."""
+        chain = self.chain(block_size)
+        return chain.first(len(chain))
 
     def cached_on(self, w: WorkerState) -> int:
         """Tokens of this prompt ``w``'s prefix cache will match (block-exact)."""
         held = w.cache.held
         if not held:
             return 0
-        bs = w.info.block_size
-        hashes = self.hashes(bs)
-        if not hashes or hashes[0] not in held:  # the usual case: no prefix in common
-            return 0
-        return matched_tokens(hashes, held, bs)
+        return self.chain(w.info.block_size).matched_tokens(held)
 
 
 class ViewCache:
-    """Calibrated views of each worker, rebuilt only when something they show changed."""
+    """Calibrated views of each worker, rebuilt only when something they show changed.
+
+    A worker's view is kept on it (``WorkerState.view_entry``) with the versions it
+    was built at: a worker that re-registers is a new WorkerState, with none."""
 
     def __init__(self, calibration: Calibration) -> None:
         self.calibration = calibration
-        # worker id -> (the WorkerState, its version, calibration version, view)
-        self._views: dict[str, tuple[WorkerState, int, int, WorkerView]] = {}
 
     def base(self, w: WorkerState) -> WorkerView:
         """``w``'s calibrated view with ``cached_tokens`` = 0."""
-        entry = self._views.get(w.id)
+        entry = w.view_entry
         cal = self.calibration.version
-        if entry is not None and entry[0] is w and entry[1] == w.version and entry[2] == cal:
-            return entry[3]
+        if entry is not None and entry[0] == w.version and entry[1] == cal:
+            return entry[2]
         raw = w.base_view(live=self.calibration.calibrate)
         view = self.calibration.adjust(raw)
         if view is not raw and view.active is raw.active and view.queued is raw.queued:
             view.__dict__["backlog"] = raw.backlog  # same loads: keep the running totals
-        self._views[w.id] = (w, w.version, cal, view)
+        w.view_entry = (w.version, cal, view)
         return view
 
     def view(self, w: WorkerState, prompt: PromptBlocks) -> WorkerView:
@@ -81,28 +85,35 @@ class ViewCache:
         cached = prompt.cached_on(w)
         return base.with_cached(cached)
 
-    def views(self, workers: Iterable[WorkerState], prompt: PromptBlocks) -> list[WorkerView]:
-        """``view`` of each of ``workers``: the per-decision loop, kept to a few
-        lookups per worker (it runs once per worker per request). Most workers hold
-        none of the prompt's first block: that is checked here, before any call."""
-        cal, cache, out = self.calibration.version, self._views, []
+    def candidates(
+        self, workers: Iterable[WorkerState], prompt: PromptBlocks, prompt_tokens: int, budget: int
+    ) -> list[WorkerView]:
+        """``view`` of each of ``workers`` the request fits (``WorkerState.fits``) that
+        has room (``inflight_cap``): the per-decision loop, kept to a few lookups per
+        worker (it runs once per worker per request). Most workers hold none of the
+        prompt's first block: that is checked here, before any call."""
+        cal, out = self.calibration.version, []
+        total = prompt_tokens + budget
         firsts: dict[int, int | None] = {}  # block size -> the prompt's first block hash
         for w in workers:
-            entry = cache.get(w.id)
-            if entry is None or entry[0] is not w or entry[1] != w.version or entry[2] != cal:
+            info = w.info
+            # WorkerState.fits, inlined: 256 calls cost more than the rest of this loop.
+            if total > info.n_ctx or budget > info.max_tokens_limit:
+                continue
+            if len(w.inflight) >= w.inflight_cap:
+                continue
+            entry = w.view_entry
+            if entry is None or entry[0] != w.version or entry[1] != cal:
                 base = self.base(w)
             else:
-                base = entry[3]
+                base = entry[2]
             held = w.cache.held
             if held:
-                bs = w.info.block_size
+                bs = info.block_size
                 if bs not in firsts:
-                    hashes = prompt.hashes(bs)
-                    firsts[bs] = hashes[0] if hashes else None
+                    first = prompt.chain(bs).first(1)
+                    firsts[bs] = first[0] if first else None
                 if firsts[bs] in held:
                     base = base.with_cached(prompt.cached_on(w))
             out.append(base)
         return out
-
-    def forget(self, worker_id: str) -> None:
-        self._views.pop(worker_id, None)

@@ -75,6 +75,10 @@ class WorkerState:
     loads: Loads = field(default_factory=Loads)  # the ledger as Loads, kept by the router
     steps: StepModel | None = None  # the worker's live step-time model, last one received
     _rates: dict[bool, Rates] = field(default_factory=dict)  # by "live": dropped on new steps
+    # Requests the router lets it hold (Admission.inflight_cap, set on registration).
+    inflight_cap: int = 1 << 62
+    # (version, calibration version, view): its last view, kept by broker/ledger.py.
+    view_entry: tuple[int, int, WorkerView] | None = None
 
     @property
     def id(self) -> str:
@@ -200,6 +204,7 @@ class WorkerState:
         )
 
     def fits(self, prompt_tokens: int, max_tokens: int) -> bool:
+        # Inlined in ViewCache.candidates (broker/ledger.py): change both.
         return (
             prompt_tokens + max_tokens <= self.info.n_ctx
             and max_tokens <= self.info.max_tokens_limit

@@ -28,7 +28,7 @@ def validate_submit(msg: p.Submit) -> p.Problem | None:
         return p.Problem.bad_request("tokens is empty")
     if msg.messages is not None and not msg.messages:
         return p.Problem.bad_request("messages is empty")
-    return msg.sampling.problem()
+    return None  # its sampling parameters were checked as it was decoded (validation.py)
 
 
 @dataclass

@@ -120,10 +120,13 @@ class Router:
                     gc.freeze()
                     frozen_at = len(self.workers)
                 ready = dict(poller.poll(timeout=0 if more else self._poll_ms()))
-                if not (more or self.requests or self.pending):
-                    # Idle: what woke us is heartbeats (or a client). Let heartbeats
-                    # gather for a moment, waking at once for a client: one turn then
-                    # handles many, and the per-turn and cold-cache costs are shared.
+                idle = not (more or self.requests or self.pending)
+                if idle and self.client_sock.sock not in ready:
+                    # Idle, woken by heartbeats: let them gather for a moment, waking
+                    # at once for a client: one turn then handles many, and the
+                    # per-turn and cold-cache costs are shared. (A client already
+                    # waiting is served now: reading every socket again, and a second
+                    # poll, cost a lone request ~15 us.)
                     client_wake.poll(timeout=IDLE_GATHER_MS)
                     ready = None  # anything may have come meanwhile
                 start = time.monotonic()
@@ -194,10 +197,13 @@ class Router:
                     and identity in self._by_identity
                 ):
                     self._hb_frames[identity] = parts[1]
+            if not sock.waiting():  # cheaper than the read that would find nothing
+                emptied = True
+                break
         for pending in self.outbox.take_all():  # token deltas coalesced over this drain
             self._send_tokens(pending)
         self._flush()
-        return emptied or not sock.sock.poll(0, zmq.POLLIN)
+        return emptied or not sock.waiting()
 
     def _flush(self) -> None:
         """Send what the router owes its peers, one frame each (common/transport.py):
@@ -344,14 +350,10 @@ class Router:
             return True
         tokens = req.tokens + req.output_ids  # a migrated stream continues after its output
         n, budget = len(tokens), req.budget_left  # once, not once per worker
-        # One pass: workers the request fits and that have room (batch + queue share).
-        cap = self.cfg.admission.inflight_cap
-        candidates = [
-            w
-            for w in self.workers.values()
-            if len(w.inflight) < cap(w.info.max_active) and w.fits(n, budget)
-        ]
-        if not candidates:
+        blocks = PromptBlocks(tokens)  # hashed once per block size, not once per worker
+        # One pass: views of the workers it fits that have room (batch + queue share).
+        views = self.views.candidates(self.workers.values(), blocks, n, budget)
+        if not views:
             if any(w.fits(n, budget) for w in self.workers.values()):
                 return False  # it fits somewhere: wait for room
             limit = max((w.info.n_ctx for w in self.workers.values()), default=0)
@@ -365,8 +367,6 @@ class Router:
         # A migrated request is not an arrival: nothing to expect from it.
         arrivals = () if req.lost_on else req.arrivals_before
         rr = self.calibration.route_request(n, budget, arrivals)
-        blocks = PromptBlocks(tokens)  # hashed once per block size, not once per worker
-        views = self.views.views(candidates, blocks)
         policy = parse_policy(f"forced:{sub.worker}") if sub.worker else self.policy
         try:
             if len(views) == 1 and policy.takes_any:  # nothing to choose: nothing to score
@@ -396,20 +396,15 @@ class Router:
             extra = self.calibration.log_fields()
             record = decision_record(sub.request_id, policy.name, rr, views, decision, extra)
             self.decisions.write(record)
-        self._assign(req, tokens, self.workers[decision.worker_id], views, blocks)
+        self._assign(req, tokens, self.workers[decision.worker_id], blocks)
         return True
 
     def _assign(
-        self,
-        req: ClientRequest,
-        tokens: list[int],
-        w: WorkerState,
-        views: list,
-        blocks: PromptBlocks,
+        self, req: ClientRequest, tokens: list[int], w: WorkerState, blocks: PromptBlocks
     ) -> None:
         sub = req.submit
         wid = self.ids.next()
-        cached = next(v.cached_tokens for v in views if v.id == w.id)
+        cached = blocks.cached_on(w)  # as its view said (the chain is hashed as far already)
         resume = len(req.output_ids)
         # Queued: the turn's Assigns to one worker leave in one frame (_flush; one that
         # cannot leave puts its request back in the queue, _assigns_lost).
@@ -417,8 +412,9 @@ class Router:
         req.wid, req.worker_id, req.t_assigned = wid, w.id, time.monotonic()
         req.prompt_tokens, req.cached_estimate = len(req.tokens or ()), cached
         prefill_only = sub.sampling.prefill_only
-        hashes = blocks.hashes(w.info.block_size)
-        w.track(Routed(wid, w.id, len(tokens), req.budget_left, cached, prefill_only, 0, hashes))
+        # Hashed in full only if it finishes there (WorkerState.finished notes them).
+        chain = blocks.chain(w.info.block_size)
+        w.track(Routed(wid, w.id, len(tokens), req.budget_left, cached, prefill_only, 0, chain))
         w.routed_total += 1
         self.requests[wid] = req
         self._by_client[(req.client, sub.request_id)] = wid
@@ -559,7 +555,8 @@ class Router:
                 return
         if old is not None:
             self._drop_worker(old, "re-registered")
-        self.workers[ready.worker_id] = WorkerState(identity, ready)
+        cap = self.cfg.admission.inflight_cap(ready.max_active)
+        self.workers[ready.worker_id] = WorkerState(identity, ready, inflight_cap=cap)
         self._by_identity[identity] = ready.worker_id
         log.info(
             "worker %s joined: %s on %s, max_active %d",
@@ -595,7 +592,8 @@ class Router:
                 self.outbox.add(w, req, token_ids, text)
         if relayed:
             self.liveness.on_output(w.id, now)
-            self.metrics.on_tokens(w.id, n_tokens)
+            # Counted once the tokens have left (_flush), as the other metrics hooks.
+            self._settle.append((self.metrics.on_tokens, (w.id, n_tokens)))
 
     def relay(self, w: WorkerState, msg: p.Done | p.Error) -> None:
         wid = msg.request_id
@@ -648,7 +646,6 @@ class Router:
     def _drop_worker(self, w: WorkerState, why: str) -> None:
         log.warning("worker %s removed: %s", w.id, why)
         self.workers.pop(w.id, None)
-        self.views.forget(w.id)
         self._hb_frames.pop(w.identity, None)
         if self._by_identity.get(w.identity) == w.id:
             del self._by_identity[w.identity]

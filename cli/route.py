@@ -61,7 +61,7 @@ def explain(state_file: Any, policy: str, as_json: bool) -> None:
             [mark + v.id, len(v.active), len(v.queued), v.cached_tokens, t.prefill_tokens]
             + [t.decode_tokens, t.prefill_rate, t.decode_rate]
             + [t.prefill_tokens / t.prefill_rate, t.decode_tokens / t.decode_rate]
-            + [decision.scores.get(v.id, "-")]
+            + [_score(decision.scores.get(v.id, "-"), v.id in decision.pruned)]
         )
     headers = ["worker", "active", "queued", "cached", "P", "D", "prefill/s", "decode/s"]
     headers += ["P/rate s", "D/rate s", "score"]
@@ -113,9 +113,16 @@ def decisions_table(records: list[dict[str, Any]]) -> str:
                     c.get("cached_tokens"),
                 ]
                 + [c.get("P"), c.get("D"), c.get("prefill_rate"), c.get("decode_rate")]
-                + ["-" if c.get("score") is None else c.get("score")]
+                + [_score(c.get("score"), bool(c.get("pruned")))]
             )
             lead = ["", "", "", ""]  # the decision's own columns only on its first row
     headers = ["time_s", "request", "policy", "prompt/max", "worker", "act", "que", "cached"]
     headers += ["P", "D", "prefill/s", "decode/s", "score"]
     return f"{len(records)} decision(s) from {first}; * = choice\n" + render(headers, rows)
+
+
+def _score(score: Any, pruned: bool) -> Any:
+    """A score as shown; a pruned candidate's is the lower bound that ruled it out."""
+    if score is None:
+        return "-"
+    return f">={score:.6g}" if pruned else score

@@ -65,12 +65,14 @@ class Codec:
         self.names = frozenset(f.name for f in fields)
         self._order = tuple(f.name for f in fields)
         self._get = operator.attrgetter(*self._order) if len(self._order) > 1 else None
-        self._checks: list[tuple[str, bool, Check | None]] = []
+        # (name, required, types the check passes unchanged, check)
+        self._checks: list[tuple[str, bool, frozenset[type], Check | None]] = []
         self._nested: list[tuple[str, Check]] = []  # fields to turn into maps on encode
         for f in fields:
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
             hint = hints[f.name]
-            self._checks.append((f.name, required, _checker(hint, f"{self.label}.{f.name}")))
+            check = _checker(hint, f"{self.label}.{f.name}")
+            self._checks.append((f.name, required, _passes(hint), check))
             enc = _encoder(hint)
             if enc is not None:
                 self._nested.append((f.name, enc))
@@ -80,12 +82,16 @@ class Codec:
         if not body.keys() <= self.names:
             unknown = sorted(set(body) - self.names)
             raise FieldError(f"{self.label}: unknown field(s) {unknown}")
-        for name, required, check in self._checks:
-            if name in body:
-                if check is not None:
-                    body[name] = check(body[name])
-            elif required:
-                raise FieldError(f"{self.label}: missing field {name!r}")
+        for name, required, passes, check in self._checks:
+            value = body.get(name, _ABSENT)
+            if value is _ABSENT:
+                if required:
+                    raise FieldError(f"{self.label}: missing field {name!r}")
+            # A value of a type its check returns as is skips the call (most fields:
+            # ids, counts, flags, absent options); any other goes through the check,
+            # which converts it or raises with the field's message.
+            elif check is not None and type(value) not in passes:
+                body[name] = check(value)
         return self.cls(**body)
 
     def to_map(self, obj: Any) -> dict[str, Any]:
@@ -118,6 +124,26 @@ def _encoder(hint: Any) -> Check | None:
         to_map = codec_for(item).to_map  # type: ignore[arg-type]
         return lambda rows: [to_map(r) for r in rows]
     return None
+
+
+_ABSENT = object()
+_NONE_TYPE = frozenset({type(None)})
+
+
+def _passes(hint: Any) -> frozenset[type]:
+    """The value types ``_checker(hint)`` accepts and returns unchanged without a
+    look inside: exact scalars (an int for a float is converted: not here) and
+    None where the hint allows it."""
+    if hint in _EXACT:
+        return frozenset({float}) if hint is float else _EXACT[hint]
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        args = typing.get_args(hint)
+        if type(None) in args:
+            others = [a for a in args if a is not type(None)]
+            if len(others) == 1 and others[0] in _EXACT:  # X | None: no conversion
+                return _EXACT[others[0]] | _NONE_TYPE
+            return _NONE_TYPE
+    return frozenset()
 
 
 def _checker(hint: Any, where: str) -> Check | None:
@@ -174,8 +200,11 @@ def _map_checker(codec: Codec, where: str) -> Check:
     return nested
 
 
+_STR_ONLY = frozenset({str})
+
+
 def _str_keys(d: dict[Any, Any]) -> bool:
-    return all(type(k) is str for k in d)
+    return _STR_ONLY.issuperset(map(type, d))  # in C: a generator costs more than the map
 
 
 def _list_item(hint: Any) -> Any:

@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 # Send flags as plain ints: combining zmq's flag enums costs more than the send.
 _NOW = int(zmq.NOBLOCK)
 _MORE_NOW = int(zmq.SNDMORE | zmq.NOBLOCK)
+_RCVMORE = int(zmq.RCVMORE)
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 
 CLIENT_FRAME_BYTES = 8 << 20  # the router's limit on client frames (a Submit)
@@ -129,10 +131,22 @@ class RouterSocket:
 
     def recv_frames_nowait(self) -> list[bytes] | None:
         """The next message's raw frames (identity first), or None when none waits."""
+        sock = self.sock
         try:
-            return self.sock.recv_multipart(zmq.NOBLOCK)
+            parts = [sock.recv(_NOW)]
         except zmq.Again:
             return None
+        # A peer's message is its identity and one frame: two reads and one RCVMORE
+        # test, where recv_multipart tests after each (pyzmq calls cost ~3 us here).
+        parts.append(sock.recv(_NOW))
+        while sock.get(_RCVMORE):
+            parts.append(sock.recv(_NOW))
+        return parts
+
+    def waiting(self) -> bool:
+        """Whether a message waits to be read (the socket's ZMQ_EVENTS): a read that
+        finds nothing raises zmq.Again, which costs ~4x this (~20 us on a cold cache)."""
+        return bool(self.sock.get(_EVENTS) & _POLLIN)
 
     def parse(self, parts: list[bytes]) -> tuple[bytes, Message | ProtocolError]:
         """``recv_frames_nowait``'s frames as ``recv`` returns them."""

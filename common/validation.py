@@ -84,9 +84,15 @@ def _tree_ok(value: Any, depth: int) -> bool:
         values = value.__dict__.values()
     else:
         return True
-    plain_ok = depth < MAX_DEPTH  # a child one level down may still be a plain value
-    for v in values:
-        if plain_ok and type(v) in _PLAIN:
+    if depth >= MAX_DEPTH:  # every child is one level too deep, but plain ones?
+        return all(_tree_ok(v, depth + 1) for v in values)
+    for v in values:  # a child one level down may still be a plain value
+        t = type(v)
+        if t in _PLAIN:
+            continue
+        if t is float:  # checked here: a call per number costs more than the test
+            if not math.isfinite(v):
+                return False
             continue
         if not _tree_ok(v, depth + 1):
             return False
@@ -232,11 +238,11 @@ def _assign(m: p.Assign) -> Problem | None:
 
 
 def _submit(m: p.Submit) -> Problem | None:
-    return _first(
-        _id_problem("request_id", m.request_id),
-        _id_problem("worker", m.worker),
-        m.sampling.problem(),
-    )
+    # In turn, not through _first: every client frame passes here.
+    problem = _id_problem("request_id", m.request_id)
+    if problem is None:
+        problem = _id_problem("worker", m.worker)
+    return m.sampling.problem() if problem is None else problem
 
 
 def _error(m: p.Error) -> Problem | None:

@@ -23,9 +23,12 @@ on the worker rather than one per token.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections import deque
+from collections.abc import Sequence
+from typing import Any
 
 from tandem.broker.policies.views import Decision, RouteRequest, WorkerView, tie_break
 from tandem.workers.schedule import admissible, decode_segments, plan_step, repeats
@@ -48,7 +51,7 @@ class _Row:
 class StepModel:
     """Seconds of one engine step on one worker, from its view's rates."""
 
-    __slots__ = ("prefill_rate", "decode_s", "overhead_s")
+    __slots__ = ("prefill_rate", "decode_s", "overhead_s", "min_decode_s")
 
     def __init__(self, w: WorkerView) -> None:
         self.prefill_rate = w.prefill_rate
@@ -62,6 +65,9 @@ class StepModel:
         # aggregate rate plateaus (the step grows linearly), as the sim device assumes.
         self.decode_s = [0.0] + [b / r for b, r in enumerate(rates, 1)]
         self.overhead_s = float(getattr(w, "step_overhead_s", 0.0) or 0.0)
+        # The least decode seconds of any step with b >= 1 rows (past the table a step
+        # only grows): what ``_Memo.bound_s`` charges each decode step of a request.
+        self.min_decode_s = min(self.decode_s[1:])
 
     def step_s(self, prefill_tokens: int, decode_rows: int) -> float:
         if decode_rows < len(self.decode_s):
@@ -109,7 +115,7 @@ def drain_ahead(w: WorkerView) -> Ahead:
 
 
 def _advance(
-    active: list[_Row], model: StepModel, step_tokens: int, within_s: float | None = None
+    active: Sequence[_Row], model: StepModel, step_tokens: int, within_s: float | None = None
 ) -> float:
     """Run the engine's next plan over ``active`` for as many steps as it repeats; seconds.
     ``within_s``: stop at the step that reaches this many seconds from now (one at least)."""
@@ -150,6 +156,39 @@ def predict_finish_s(req: RouteRequest, w: WorkerView, ahead: Ahead | None = Non
         active = [r for r in active if not (r.decoding and r.decode_left <= 0)]
 
 
+class _Memo:
+    """What ``FinishTime`` keeps on one view (``WorkerView.memo``): its step model, the
+    prefill tokens ahead of a new request, the drain ahead (made on the first exact
+    prediction: a pruned worker never needs it), answers and bounds by question."""
+
+    __slots__ = ("model", "prefill_ahead", "ahead", "answers")
+
+    def __init__(self, w: WorkerView) -> None:
+        self.model = step_model(w)
+        # May count a negative remainder, which only lowers the bound below.
+        self.prefill_ahead = w.backlog[0]
+        self.ahead: Ahead | None = None
+        # By question: the predicted score (> 0: every prompt computes >= 1 token), or
+        # minus its lower bound while only that is known (one lookup either way).
+        self.answers: dict[tuple[int, int], float] = {}
+
+    def bound_s(self, uncached: int, decode_steps: int) -> float:
+        """A lower bound of ``predict_finish_s`` for a request with ``uncached`` prompt
+        tokens to compute and ``decode_steps`` (= max_tokens - 1, >= 0) steps after its
+        first token. Prefill chunks go in admission order, so by the request's first
+        token every prompt token ahead of it has been computed, as has its own; every
+        later step decodes it, at no less than the fastest step per batch; every step
+        costs the overhead. Each step's time is the sum of those three parts."""
+        m = self.model
+        prefill_s = (self.prefill_ahead + uncached) / m.prefill_rate
+        return prefill_s + decode_steps * m.min_decode_s + (decode_steps + 1) * m.overhead_s
+
+
+# Floating-point slack: a bound and an exact score are sums of the same terms grouped
+# differently, so a bound may exceed an equal score by rounding (~1e-15 per term).
+_PRUNE_SLACK = 1e-9
+
+
 class FinishTime:
     """Predicted finish time of the new request on each worker (see the module docstring).
 
@@ -160,25 +199,97 @@ class FinishTime:
     the same question of every worker it did not change), in ``WorkerView.memo``,
     which lives until the worker changes. Memoized answers are the numbers the
     computation gives: decisions do not change.
+
+    Branch and bound: a worker without a memoized answer is first given a cheap
+    lower bound (``_Memo.bound_s``); they are predicted in order of bound, and those
+    whose bound exceeds the ``KEEP``-th best score found (by more than rounding) are
+    never predicted: their score could only be larger, so they can neither be
+    chosen, nor tie, nor rank among the best ``KEEP``. Their ``Decision.scores``
+    entry is that bound, and ``Decision.pruned`` names them (the decision log marks
+    them). ``prune=False`` predicts every worker.
     """
 
     name = "finish_time"
     takes_any = True
     PER_VIEW = 64  # distinct questions kept per view
+    # Candidates scored exactly whatever their bounds: a caller may rank this many by
+    # score (lookahead compares its best 2 and places arrivals on its best 4).
+    KEEP = 4
+
+    def __init__(self, prune: bool = True) -> None:
+        self.prune = prune
 
     def choose(self, req: RouteRequest, workers: list[WorkerView]) -> Decision:
         scores: dict[str, float] = {}
         prompt, budget = req.prompt_tokens, req.max_tokens
-        for w in workers:  # once per worker per request: kept to a few lookups
+        decode_steps = max(0, budget - 1)
+        # The best exact score so far and the workers that have it; the KEEP least
+        # exact scores, and the bound above which a worker is pruned (inf until there
+        # are KEEP of them, or while pruning is off).
+        best, limit = math.inf, math.inf
+        tied: list[WorkerView] = []
+        least: list[float] = []
+        keep = self.KEEP
+        slack = 1.0 + _PRUNE_SLACK if self.prune else math.inf
+        todo: list[tuple[float, WorkerView, _Memo, tuple[int, int]]] = []
+        pruned: list[str] = []
+        for w in workers:  # once per worker per request: a few lookups
             memo = w.memo.get("finish_time")
             if memo is None:
-                answers: dict[tuple[int, int], float] = {}
-                memo = w.memo["finish_time"] = (drain_ahead(w), answers)
-            question = (max(1, prompt - w.cached_tokens), budget)
-            got = memo[1].get(question)
+                memo = w.memo["finish_time"] = _Memo(w)
+            uncached = prompt - w.cached_tokens
+            question = (uncached if uncached > 1 else 1, budget)
+            got = memo.answers.get(question)
             if got is None:
-                if len(memo[1]) >= self.PER_VIEW:
-                    memo[1].clear()
-                got = memo[1][question] = predict_finish_s(req, w, memo[0])
+                if len(memo.answers) >= self.PER_VIEW:
+                    memo.answers.clear()
+                got = memo.answers[question] = -memo.bound_s(question[0], decode_steps)
+            if got > 0.0:  # exact
+                scores[w.id] = got
+                if got <= best:
+                    if got < best:
+                        best, tied = got, []
+                    tied.append(w)
+                if len(least) < keep or got < least[-1]:
+                    limit = _admit(least, got, keep, slack)
+                continue
+            bound = -got
+            if bound > limit:  # best only falls: it stays pruned
+                scores[w.id] = bound
+                pruned.append(w.id)
+            else:
+                todo.append((bound, w, memo, question))
+        todo.sort(key=_bound)  # stable: equal bounds in the workers' order
+        for bound, w, memo, question in todo:
+            if bound > limit:
+                scores[w.id] = bound  # and so for every later one (sorted by bound)
+                pruned.append(w.id)
+                continue
+            if memo.ahead is None:
+                memo.ahead = drain_ahead(w)
+            got = memo.answers[question] = predict_finish_s(req, w, memo.ahead)
             scores[w.id] = got
-        return tie_break(workers, scores)
+            if got <= best:
+                if got < best:
+                    best, tied = got, []
+                tied.append(w)
+            if len(least) < keep or got < least[-1]:
+                limit = _admit(least, got, keep, slack)
+        # The least score's workers, found on the way: tie_break over them alone.
+        decision = (
+            Decision(tied[0].id, scores) if len(tied) == 1 else tie_break(tied or workers, scores)
+        )
+        if pruned:
+            decision = Decision(decision.worker_id, scores, frozenset(pruned))
+        return decision
+
+
+def _bound(item: tuple[float, Any, Any, Any]) -> float:
+    return item[0]
+
+
+def _admit(least: list[float], score: float, keep: int, slack: float) -> float:
+    """Put ``score`` among the ``keep`` least (sorted); the pruning limit they set."""
+    bisect.insort(least, score)
+    del least[keep:]
+    return least[-1] * slack if len(least) == keep else math.inf

@@ -16,6 +16,7 @@ import pytest
 
 from tandem.broker.ledger import PromptBlocks
 from tandem.common import protocol as p
+from tandem.common.blocks import PrefixChain, block_hashes, matched_tokens
 from tandem.common.transport import DealerSocket
 from tests.helpers import Harness
 from tests.unit.test_decision_replay import PREFIXES, Session
@@ -139,13 +140,38 @@ def test_cached_views_equal_views_built_from_scratch(tmp_path: Path) -> None:
             s.step()
             tokens = rng.choice(PREFIXES)[: rng.randrange(20, 160)] + [1, 2, 3]
             blocks = PromptBlocks(tokens)
+            expected = []
             for w in h.router.workers.values():
                 fresh = h.router.calibration.adjust(w.view(tokens))
                 cached = h.router.views.view(w, blocks)
                 assert cached == fresh
                 assert cached.backlog == dataclasses.replace(fresh).backlog
+                if len(w.inflight) < w.inflight_cap and w.fits(len(tokens), 8):
+                    expected.append(fresh)
+            # The router's one pass: the same views, of the workers with room it fits.
+            workers = h.router.workers.values()
+            assert (
+                h.router.views.candidates(workers, PromptBlocks(tokens), len(tokens), 8) == expected
+            )
     finally:
         h.close()
+
+
+def test_a_prefix_chain_hashes_lazily_what_block_hashes_gives() -> None:
+    # Pinned: workers and routers of other versions must agree on every hash.
+    assert block_hashes(list(range(1, 40)), 16) == [8892955456830702510, 2165886466295342476]
+    rng = random.Random(11)
+    for _ in range(300):
+        tokens = [rng.randrange(50_000) for _ in range(rng.randrange(0, 200))]
+        bs = rng.choice([1, 4, 16])
+        full = block_hashes(tokens, bs)
+        n = rng.randrange(len(full) + 1)
+        chain = PrefixChain(tokens, bs, n)
+        held = set(full[: rng.randrange(len(full) + 1)]) | {rng.randrange(1 << 62)}
+        if full and rng.random() < 0.3:
+            held.discard(rng.choice(full))
+        assert chain.matched_tokens(held) == matched_tokens(full[:n], held, bs)
+        assert len(chain) == n and list(chain) == full[:n] and chain[:] == full[:n]
 
 
 # ------------------------------------------------------------ pending queue
