@@ -180,7 +180,7 @@ class Lookahead:
         last = max(outcome.values())
         shown = {w.id: outcome.get(w.id, max(last, scores[w.id])) for w in workers}
         best = min(compared, key=lambda w: (outcome[w.id], scores[w.id], w.n_requests, w.id))
-        return Decision(best.id, shown)
+        return Decision(best.id, shown, base.pruned)  # pruned ones rank after the compared
 
     def rollout(
         self,
