@@ -233,6 +233,17 @@ class FinishTime:
         slack = 1.0 + _PRUNE_SLACK if self.prune else math.inf
         todo: list[tuple[float, WorkerView, _Memo, tuple[int, int]]] = []
         pruned: list[str] = []
+
+        def exact(w: WorkerView, got: float) -> None:  # w's score is ``got``, exactly
+            nonlocal best, tied, limit
+            scores[w.id] = got
+            if got <= best:
+                if got < best:
+                    best, tied = got, []
+                tied.append(w)
+            if len(least) < keep or got < least[-1]:
+                limit = _admit(least, got, keep, slack)
+
         for w in workers:  # once per worker per request: a few lookups
             memo = w.memo.get("finish_time")
             if memo is None:
@@ -245,13 +256,7 @@ class FinishTime:
                     memo.answers.clear()
                 got = memo.answers[question] = -memo.bound_s(question[0], decode_steps)
             if got > 0.0:  # exact
-                scores[w.id] = got
-                if got <= best:
-                    if got < best:
-                        best, tied = got, []
-                    tied.append(w)
-                if len(least) < keep or got < least[-1]:
-                    limit = _admit(least, got, keep, slack)
+                exact(w, got)
                 continue
             bound = -got
             if bound > limit:  # best only falls: it stays pruned
@@ -267,14 +272,8 @@ class FinishTime:
                 continue
             if memo.ahead is None:
                 memo.ahead = drain_ahead(w)
-            got = memo.answers[question] = predict_finish_s(req, w, memo.ahead)
-            scores[w.id] = got
-            if got <= best:
-                if got < best:
-                    best, tied = got, []
-                tied.append(w)
-            if len(least) < keep or got < least[-1]:
-                limit = _admit(least, got, keep, slack)
+            memo.answers[question] = got = predict_finish_s(req, w, memo.ahead)
+            exact(w, got)
         # The least score's workers, found on the way: tie_break over them alone.
         decision = (
             Decision(tied[0].id, scores) if len(tied) == 1 else tie_break(tied or workers, scores)
