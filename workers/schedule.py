@@ -98,19 +98,23 @@ def repeats(plan: StepPlan[R], decode_left: Sequence[int]) -> int:
     return max(1, n)
 
 
-def decode_segments(decode_left: Sequence[int], until: int) -> list[tuple[int, int]]:
-    """(steps, batch) runs of a batch that only decodes, with nothing queued, until the
-    row with ``until`` tokens left ends: every step feeds every row, and a row leaves
-    after its last token, so the batch shrinks at each end. The same as planning step
-    by step (``plan_step`` with ``repeats``), in one pass over the sorted ends."""
+def decode_runs(decode_left: Sequence[int]) -> list[tuple[int, int]]:
+    """(steps, batch) runs of a batch that only decodes, with nothing queued, until its
+    last row ends: every step feeds every row, and a row leaves after its last token,
+    so the batch shrinks at each end and a run ends where some row does. The same as
+    planning step by step (``plan_step`` with ``repeats``), in one pass over the
+    sorted ends."""
     out = []
-    batch, done = len(decode_left) + 1, 0  # + the row that ends at ``until``
+    batch, done = len(decode_left), 0
     for left in sorted(decode_left):
-        if left >= until:
-            break
         if left > done:
             out.append((left - done, batch))
             done = left
         batch -= 1
-    out.append((until - done, batch))
     return out
+
+
+def decode_segments(decode_left: Sequence[int], until: int) -> list[tuple[int, int]]:
+    """``decode_runs`` of the other rows ``decode_left`` and one with ``until`` tokens
+    left, up to that row's end (a row still decoding then is in every run)."""
+    return decode_runs([*(min(left, until) for left in decode_left), until])

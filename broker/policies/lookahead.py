@@ -48,13 +48,14 @@ request expected seven more).
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
 
 from tandem.broker.policies.finish import _NO_KV_LIMIT, FinishTime, _advance, _Row, step_model
 from tandem.broker.policies.views import Decision, RouteRequest, WorkerView
-from tandem.workers.schedule import admissible
+from tandem.workers.schedule import admissible, decode_runs
 
 Extra = tuple[float, int, int]  # (arrival seconds from now, prompt tokens to compute, budget)
 
@@ -88,14 +89,15 @@ def finishes(w: WorkerView, extras: Sequence[Extra]) -> tuple[list[float], float
         while queue and admissible(len(active), 0, 0, w.max_active, _NO_KV_LIMIT):
             active.append(queue.popleft())
         if not pending and not queue and all(r.decoding for r in active):
-            # Only decoding is left: the batch shrinks at each end (schedule.decode_segments).
-            done, batch = 0, len(active)
-            for r in sorted(active, key=lambda r: r.decode_left):
-                if r.decode_left > done:
-                    t += (r.decode_left - done) * model.step_s(0, batch)
-                    done = r.decode_left
+            # Only decoding is left: the batch shrinks at each end (schedule.decode_runs).
+            ordered = sorted(active, key=lambda r: r.decode_left)
+            runs, done = iter(decode_runs([r.decode_left for r in ordered])), 0
+            for r in ordered:
+                while done < r.decode_left:
+                    steps, batch = next(runs)
+                    t += steps * model.step_s(0, batch)
+                    done += steps
                 r.end = t
-                batch -= 1
             break
         if not active:
             t = pending[0][0]  # idle until the next arrival
@@ -158,7 +160,10 @@ class Lookahead:
         if len(recent) > self.MAX_PER_S and recent[self.MAX_PER_S] <= 1.0:
             return base  # more than MAX_PER_S arrivals in the last second
         scores = base.scores
-        ranked = sorted(workers, key=lambda w: (scores[w.id], w.n_requests, w.id))
+        # finish_time's order (tie_break's key), the best POOL only: not a sort of all.
+        ranked = heapq.nsmallest(
+            self.POOL, workers, key=lambda w: (scores[w.id], w.n_requests, w.id)
+        )
         coming = expected_arrivals(req, scores[ranked[0].id], self.MAX_EXPECTED)
         if not coming:
             return base
