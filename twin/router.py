@@ -51,13 +51,14 @@ class TwinRouter:
         rec.submit_s = now
         prefill_only = bool(kw.get("prefill_only", False))
         budget = 0 if prefill_only else max_tokens
+        pinned = kw.get("worker")
+        # Noted as it arrives, as the live router notes a Submit (before it is routed).
+        before = () if pinned or prefill_only else self.arrivals.note(now)
         candidates = [w for w in self.workers.values() if w.fits(len(tokens), budget)]
         if not candidates:
             rec.error, rec.done_s = "no worker fits the request", now
             self.ended += 1
             return
-        pinned = kw.get("worker")
-        before = () if pinned or prefill_only else self.arrivals.note(now)
         rr = self.calibration.route_request(len(tokens), budget, before)
         hashes: dict[int, list[int]] = {}  # the prompt hashed once for every candidate
         live = self.calibration.calibrate  # priced with the live step models, as the router
