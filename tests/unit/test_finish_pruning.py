@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from tandem.broker.decisions import DecisionLog, decision_record
 from tandem.broker.policies import FinishTime, Load, RouteRequest, WorkerView
-from tandem.broker.policies.finish import _Memo, predict_finish_s
+from tandem.broker.policies.finish import WRITES, _Memo, predict_finish_s
 from tandem.broker.policies.lookahead import Lookahead
 from tandem.cli.main import main
 
@@ -161,7 +161,7 @@ def test_a_burst_reusing_the_last_answers_decides_as_asking_every_worker(
         r = req if how != 3 else RouteRequest(req.prompt_tokens + 1, req.max_tokens)
         reference = [_with_memo_copied(v) for v in fleet]  # the memos before this decision
         got = policy.choose(r, fleet)
-        writes = _Memo.writes
+        writes = WRITES.n
         want = FinishTime().choose(r, reference)
-        _Memo.writes = writes  # the reference wrote only to its own copies
+        WRITES.n = writes  # the reference wrote only to its own copies
         assert (got.worker_id, got.scores, got.pruned) == (want.worker_id, want.scores, want.pruned)
