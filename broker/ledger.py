@@ -13,6 +13,11 @@ milliseconds at 256 workers). Now:
   finish) or the calibration's ``version`` (bumped when rates or the decode
   ratio may have moved). A view's backlog sums are computed once per rebuild
   (``WorkerView.backlog``), so pricing a worker is flat in its in-flight count.
+- The candidate list is kept across decisions (``_Pool``): a decision rebuilds
+  the entries of the workers whose ``version`` moved, and checks the prompt's
+  first block against every worker's held set in C; only the workers holding it
+  walk their chain. At 256 workers a decision visits a few workers in Python,
+  not every one.
 
 The views that reach the policies are equal, field for field, to the ones built
 from scratch (tests/unit/test_decision_replay.py replays recorded decisions).
@@ -21,6 +26,9 @@ from scratch (tests/unit/test_decision_replay.py replays recorded decisions).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import compress, repeat
+from operator import attrgetter, contains, is_, ne
+from typing import cast
 
 from tandem.broker.calibration import Calibration
 from tandem.broker.policies import WorkerView
@@ -65,6 +73,7 @@ class ViewCache:
 
     def __init__(self, calibration: Calibration) -> None:
         self.calibration = calibration
+        self._pool = _Pool()
 
     def base(self, w: WorkerState) -> WorkerView:
         """``w``'s calibrated view with ``cached_tokens`` = 0."""
@@ -89,31 +98,83 @@ class ViewCache:
         self, workers: Iterable[WorkerState], prompt: PromptBlocks, prompt_tokens: int, budget: int
     ) -> list[WorkerView]:
         """``view`` of each of ``workers`` the request fits (``WorkerState.fits``) that
-        has room (``inflight_cap``): the per-decision loop, kept to a few lookups per
-        worker (it runs once per worker per request). Most workers hold none of the
-        prompt's first block: that is checked here, before any call."""
-        cal, out = self.calibration.version, []
-        total = prompt_tokens + budget
-        firsts: dict[int, int | None] = {}  # block size -> the prompt's first block hash
-        for w in workers:
-            info = w.info
-            # WorkerState.fits, inlined: 256 calls cost more than the rest of this loop.
-            if total > info.n_ctx or budget > info.max_tokens_limit:
-                continue
-            if len(w.inflight) >= w.inflight_cap:
-                continue
-            entry = w.view_entry
-            if entry is None or entry[0] != w.version or entry[1] != cal:
-                base = self.base(w)
-            else:
-                base = entry[2]
-            held = w.cache.held
-            if held:
-                bs = info.block_size
-                if bs not in firsts:
-                    first = prompt.chain(bs).first(1)
-                    firsts[bs] = first[0] if first else None
-                if firsts[bs] in held:
-                    base = base.with_cached(prompt.cached_on(w))
-            out.append(base)
-        return out
+        has room (``inflight_cap``), in their order. The per-decision work is kept off
+        the workers that did not change: ``_Pool`` keeps each one's base view (None
+        without room) across decisions, rebuilt for those whose ``version`` moved;
+        what is left per worker runs in C (the version list, the prefix check)."""
+        pool = self._pool.refresh(list(workers), self)
+        out, gaps = pool.fitting(prompt_tokens + budget, budget)
+        ws, sizes = pool.workers, pool.block_sizes
+        for bs in sizes:
+            chain = prompt.chain(bs)
+            first = chain.first(1)
+            if not first:
+                continue  # the prompt is shorter than a block and its last token
+            # Most workers hold none of the prompt's first block: one lookup each, in C.
+            helds = pool.helds
+            for i in compress(range(len(ws)), map(contains, helds, repeat(first[0]))):
+                view = out[i]
+                if view is not None and (len(sizes) == 1 or ws[i].info.block_size == bs):
+                    out[i] = view.with_cached(chain.matched_tokens(helds[i]))  # cached_on
+        return [v for v in out if v is not None] if gaps else cast(list[WorkerView], out)
+
+
+class _Pool:
+    """``ViewCache.candidates``' state between decisions: the workers it was given (held
+    here, so that no new worker can take a pooled one's ``id``), and for each the
+    ``version`` its entry was made at and its base view, or None while it has no room.
+
+    A worker's room and view change only with its ``version`` (assign, relay,
+    heartbeat, finish all bump it); its context limits come with its ``Ready``; the
+    calibration's ``version`` moves every view: then the pool is rebuilt."""
+
+    def __init__(self) -> None:
+        self.workers: list[WorkerState] = []
+        self.helds: list[set[int]] = []  # each one's ``cache.held`` (one set for life)
+        self.versions: list[int] = []
+        self.views: list[WorkerView | None] = []
+        self.full = 0  # how many of them are None
+        self.calibration = -1
+        self.block_sizes: tuple[int, ...] = ()
+        # The least n_ctx and max_tokens_limit: a request within both fits every worker.
+        self.min_ctx = self.min_limit = 0
+
+    def refresh(self, ws: list[WorkerState], cache: ViewCache) -> _Pool:
+        cal = cache.calibration.version
+        if (
+            cal != self.calibration
+            or len(ws) != len(self.workers)
+            or not all(map(is_, ws, self.workers))
+        ):
+            self.workers, self.calibration = ws, cal
+            self.versions = [-1] * len(ws)
+            self.helds = [w.cache.held for w in ws]
+            self.views = [None] * len(ws)
+            self.full = len(ws)
+            self.block_sizes = tuple(sorted({w.info.block_size for w in ws}))
+            self.min_ctx = min((w.info.n_ctx for w in ws), default=0)
+            self.min_limit = min((w.info.max_tokens_limit for w in ws), default=0)
+        versions = list(map(_version, ws))
+        if versions != self.versions:
+            old, views = self.versions, self.views
+            for i in compress(range(len(ws)), map(ne, versions, old)):
+                w = ws[i]
+                view = cache.base(w) if len(w.inflight) < w.inflight_cap else None
+                self.full += (view is None) - (views[i] is None)
+                views[i] = view
+            self.versions = versions
+        return self
+
+    def fitting(self, total: int, budget: int) -> tuple[list[WorkerView | None], bool]:
+        """A copy of the views, None for the workers a request of ``total`` tokens
+        (prompt + ``budget``) does not fit (``WorkerState.fits``); whether any is None."""
+        if total <= self.min_ctx and budget <= self.min_limit:
+            return self.views.copy(), self.full > 0
+        out = [
+            v if total <= w.info.n_ctx and budget <= w.info.max_tokens_limit else None
+            for v, w in zip(self.views, self.workers, strict=True)
+        ]
+        return out, True
+
+
+_version = attrgetter("version")

@@ -204,7 +204,7 @@ class WorkerState:
         )
 
     def fits(self, prompt_tokens: int, max_tokens: int) -> bool:
-        # Inlined in ViewCache.candidates (broker/ledger.py): change both.
+        # Also in broker/ledger.py _Pool.fitting (and its min_ctx/min_limit): change both.
         return (
             prompt_tokens + max_tokens <= self.info.n_ctx
             and max_tokens <= self.info.max_tokens_limit

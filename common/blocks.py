@@ -49,6 +49,30 @@ def _chain(parent: bytes, data: bytes, block_size: int, out: list[int]) -> bytes
     return parent
 
 
+# The router hashes each routed prompt's leading blocks, and prompts share prefixes:
+# a block's digest by its input (parent digest + block bytes), up to _SEEN_MAX blocks
+# (~150 bytes each; cleared when full). A lookup costs a fifth of a hash.
+_SEEN: dict[bytes, tuple[bytes, int]] = {}
+_SEEN_MAX = 1 << 14
+
+
+def _chain_seen(parent: bytes, data: bytes, block_size: int, out: list[int]) -> bytes:
+    """``_chain``, with the digests of blocks already seen looked up in ``_SEEN``."""
+    step = array("i").itemsize * block_size
+    seen = _SEEN
+    for start in range(0, len(data), step):
+        key = parent + data[start : start + step]
+        got = seen.get(key)
+        if got is None:
+            if len(seen) >= _SEEN_MAX:
+                seen.clear()
+            digest = hashlib.blake2b(key, digest_size=8).digest()
+            got = seen[key] = (digest, int.from_bytes(digest, "little") >> 1)
+        parent = got[0]
+        out.append(got[1])
+    return parent
+
+
 class PrefixChain(Sequence[int]):
     """The block hashes of a prompt's first ``blocks`` blocks (``block_hashes``), hashed
     only as far as they are read: most workers hold none of a new prompt's first block,
@@ -68,7 +92,7 @@ class PrefixChain(Sequence[int]):
         if have < k:
             bs = self.block_size
             data = _token_bytes(self._tokens[have * bs : k * bs])
-            self._parent = _chain(self._parent, data, bs, self._hashes)
+            self._parent = _chain_seen(self._parent, data, bs, self._hashes)
         return self._hashes
 
     def matched_tokens(self, held: set[int] | frozenset[int]) -> int:
@@ -178,7 +202,8 @@ class CacheView:
     """
 
     def __init__(self) -> None:
-        self.held: set[int] = set()  # reported | noted: what routing matches against
+        # reported | noted: what routing matches against. Always this one set object.
+        self.held: set[int] = set()
         self.seq = -1  # nothing applied yet
         self._reported: set[int] = set()
         self._noted: dict[int, float] = {}  # block -> until (clock time)
@@ -206,7 +231,9 @@ class CacheView:
         try:
             if report.get("full"):
                 self._reported = {int(h) for h in report["blocks"]}
-                self.held = self._reported | self._noted.keys()
+                # The same set, refilled: the router keeps a reference (broker/ledger.py).
+                self.held.clear()
+                self.held.update(self._reported, self._noted)
                 self.seq = int(report["seq"])
             else:
                 base, seq = int(report["base"]), int(report["seq"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from random import Random
 
 from click.testing import CliRunner
 from hypothesis import given, settings
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 from tandem.broker.decisions import DecisionLog, decision_record
 from tandem.broker.policies import FinishTime, Load, RouteRequest, WorkerView
-from tandem.broker.policies.finish import predict_finish_s
+from tandem.broker.policies.finish import WRITES, _Memo, predict_finish_s
 from tandem.broker.policies.lookahead import Lookahead
 from tandem.cli.main import main
 
@@ -129,3 +130,38 @@ def test_the_decisions_table_marks_a_pruned_score_as_a_bound(tmp_path: Path) -> 
     assert result.exit_code == 0, result.output
     slow_row = next(line for line in result.stderr.splitlines() if " slow " in line)
     assert ">=" in slow_row
+
+
+def _with_memo_copied(v: WorkerView) -> WorkerView:
+    """``v`` as another object with a copy of its finish_time memo (answers so far)."""
+    twin = dataclasses.replace(v)
+    memo = v.memo.get("finish_time")
+    if memo is not None:
+        mine = twin.memo["finish_time"] = _Memo(v)
+        mine.ahead, mine.answers = memo.ahead, dict(memo.answers)
+    return twin
+
+
+@settings(max_examples=300, deadline=None)
+@given(views(), requests, st.lists(st.tuples(st.integers(0, 11), st.integers(0, 3)), max_size=12),
+       st.randoms(use_true_random=False))  # fmt: skip
+def test_a_burst_reusing_the_last_answers_decides_as_asking_every_worker(
+    fleet: list[WorkerView], req: RouteRequest, changes: list[tuple[int, int]], rng: Random
+) -> None:
+    """FinishTime keeps a decision's answers for the next of the same shape, and asks
+    only the workers whose view changed: same decision, scores and pruned set as a
+    policy that asks every worker (over the same memos)."""
+    policy = FinishTime()
+    for pos, how in [(0, 0), *changes]:
+        i = pos % len(fleet)
+        if how == 1:  # the worker changed: a new view (new memo), its loads moved
+            fleet[i] = dataclasses.replace(fleet[i], queued=(*fleet[i].queued, Load(3, 7)))
+        elif how == 2:  # the prompt's prefix on it: a copy sharing its memo
+            fleet[i] = fleet[i].with_cached(rng.choice([0, 16, 256]))
+        r = req if how != 3 else RouteRequest(req.prompt_tokens + 1, req.max_tokens)
+        reference = [_with_memo_copied(v) for v in fleet]  # the memos before this decision
+        got = policy.choose(r, fleet)
+        writes = WRITES.n
+        want = FinishTime().choose(r, reference)
+        WRITES.n = writes  # the reference wrote only to its own copies
+        assert (got.worker_id, got.scores, got.pruned) == (want.worker_id, want.scores, want.pruned)

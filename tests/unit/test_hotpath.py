@@ -15,6 +15,7 @@ import msgpack
 import pytest
 
 from tandem.broker.ledger import PromptBlocks
+from tandem.common import blocks
 from tandem.common import protocol as p
 from tandem.common.blocks import PrefixChain, block_hashes, matched_tokens
 from tandem.common.transport import DealerSocket
@@ -172,6 +173,18 @@ def test_a_prefix_chain_hashes_lazily_what_block_hashes_gives() -> None:
             held.discard(rng.choice(full))
         assert chain.matched_tokens(held) == matched_tokens(full[:n], held, bs)
         assert len(chain) == n and list(chain) == full[:n] and chain[:] == full[:n]
+        assert list(PrefixChain(tokens, bs, n)) == full[:n]  # again: digests looked up
+
+
+def test_a_prefix_chain_hashes_alike_when_its_digest_memo_overflows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(blocks, "_SEEN", {})
+    monkeypatch.setattr(blocks, "_SEEN_MAX", 3)
+    tokens = list(range(1, 200))
+    for n in (2, 12, 5, 12):
+        assert list(PrefixChain(tokens, 16, n)) == block_hashes(tokens, 16)[:n]
+        assert len(blocks._SEEN) <= 3
 
 
 # ------------------------------------------------------------ pending queue
