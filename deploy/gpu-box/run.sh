@@ -25,6 +25,9 @@ export TANDEM_CACHE_DIR=${TANDEM_CACHE_DIR:-/root/tandem-cache}
 export PYTHONUNBUFFERED=1
 vocab=$(find /root/stage -type d -name vocab | head -1)
 if [ -n "$vocab" ]; then  # staged tokenizer vocabularies (bench/vocab_files.py)
-  mkdir -p "$TANDEM_CACHE_DIR/vocab" && cp -n "$vocab"/*.gguf "$TANDEM_CACHE_DIR/vocab/"
+  mkdir -p "$TANDEM_CACHE_DIR/vocab"
+  for f in "$vocab"/*.gguf; do  # kept from an earlier call while the box stays warm
+    [ -e "$TANDEM_CACHE_DIR/vocab/${f##*/}" ] || cp "$f" "$TANDEM_CACHE_DIR/vocab/"
+  done
 fi
 exec "$@"
