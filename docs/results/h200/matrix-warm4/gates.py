@@ -8,7 +8,9 @@ mean E2E. A gate is swapped in by replacing ``lookahead.batch_hungry`` (and, for
 the "no rollout while a queue stands" variants, ``Lookahead.choose``) in this
 process: an experiment, not a policy of the router.
 
-    python docs/results/h200/matrix-warm4/gates.py docs/results/h200/matrix-warm*/*/result.json
+    cd docs/results/h200
+    python matrix-warm4/gates.py matrix-warm*/*/result.json
+    python matrix-warm4/gates.py --runs 8 matrix-warm*/poisson/result.json
 """
 
 from __future__ import annotations
@@ -128,4 +130,7 @@ def main(paths: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    args = sys.argv[1:]
+    if args[:1] == ["--runs"]:
+        RUNS, args = int(args[1]), args[2:]
+    main(args)
