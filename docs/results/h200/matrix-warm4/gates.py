@@ -11,6 +11,7 @@ process: an experiment, not a policy of the router.
     cd docs/results/h200
     python matrix-warm4/gates.py matrix-warm*/*/result.json
     python matrix-warm4/gates.py --runs 8 matrix-warm*/poisson/result.json
+    python matrix-warm4/gates.py --robustness   # the suite's 8-burst at GPU max active 4
 """
 
 from __future__ import annotations
@@ -129,8 +130,34 @@ def main(paths: list[str]) -> None:
             print(f"{path}: {group['label']} | " + " | ".join(cells), flush=True)
 
 
+def robustness_case() -> None:
+    """The robustness suite's 8-burst at GPU max active 4 (sim H200 profiles, workers
+    measuring themselves at start) under each gate, correct and noisy prices:
+    makespan (what the suite judges) and mean E2E (what the rollout minimizes)."""
+    from tandem.twin.robustness import SCENARIOS, Case
+
+    encode = make_encoder([parse_worker("sim:h200-gpu", set())])
+    case = Case(gpu_active=4, requests=8)
+    wl = case.workload()
+    for scenario in SCENARIOS[:2]:
+        fleet = scenario.fleet(case.fleet())
+        for name, policy in [(g, "lookahead") for g in GATES] + [("-", "least_loaded")]:
+            use(name if name in GATES else "strict")
+            rep = replay(fleet, policy, wl.arrivals(0), PromptBook(encode, wl))
+            t0 = min(r.submit_s for r in rep.records)
+            end = max(r.token_s[-1] for r in rep.records)
+            e2e = statistics.mean(r.token_s[-1] - r.submit_s for r in rep.records)
+            on_cpu = sum(r.worker == "cpu" for r in rep.records)
+            print(f"{scenario.name}: {policy} gate {name}: makespan {end - t0:.3f} s, "
+                  f"E2E {e2e:.3f} s, {on_cpu} on the CPU")  # fmt: skip
+    use("strict")
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if args[:1] == ["--robustness"]:
+        robustness_case()
+        sys.exit()
     if args[:1] == ["--runs"]:
         RUNS, args = int(args[1]), args[2:]
     main(args)
