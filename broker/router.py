@@ -37,7 +37,7 @@ from tandem.broker.requests import ClientRequest, PendingQueue, prompt_tokens, v
 from tandem.common import auth
 from tandem.common import protocol as p
 from tandem.common.tokenizer import TextTokenizer, TokenizerSpec
-from tandem.common.transport import RouterSocket
+from tandem.common.transport import RouterSocket, close_monitor
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +133,7 @@ class Router:
                 more = self.turn(None if more else ready)
                 self.liveness.turn_took(start, time.monotonic())
         finally:
-            self.worker_sock.sock.disable_monitor()
-            self._monitor.close(linger=0)
+            close_monitor(self.worker_sock.sock, self._monitor)
             self.client_sock.close()
             self.worker_sock.close()
             self.guard.stop()

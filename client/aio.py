@@ -14,7 +14,7 @@ from tandem.client.session import Assembly, Delta, Result, make_submit, request_
 from tandem.common import protocol as p
 from tandem.common.auth import peer_setup
 from tandem.common.settings import addresses
-from tandem.common.transport import CLIENT_FRAME_BYTES, monitor_socket
+from tandem.common.transport import CLIENT_FRAME_BYTES, close_monitor, monitor_socket
 
 DRAIN_MAX = 255  # messages read per wake-up beyond the first
 WATCH_S = 1.0  # the longest a closed connection goes unnoticed
@@ -51,6 +51,7 @@ class AsyncClient:
             self._reader.cancel()
         if self._watcher:
             self._watcher.cancel()
+        self._sock.disable_monitor()  # before the socket goes (common.transport.close_monitor)
         self._sock.close(linger=0)
 
     async def generate(self, prompt: str | None = None, **kwargs: Any) -> Result:
@@ -162,8 +163,8 @@ class AsyncClient:
                         box.put_nowait(
                             p.Error(p.ROUTER_LOST, "the connection to the router closed", rid)
                         )
-        finally:
-            monitor.close(linger=0)
+        finally:  # also when the loop ends without close(): the socket may still be open
+            close_monitor(self._sock, monitor)
 
     async def _get(self, box: asyncio.Queue[p.Message], rid: str | None) -> p.Message:
         if not box.empty():  # tokens often arrive in bursts: skip wait_for's task and timer

@@ -15,7 +15,12 @@ from tandem.client.session import Assembly, Delta, Result, make_submit, request_
 from tandem.common import protocol as p
 from tandem.common.auth import peer_setup
 from tandem.common.settings import addresses
-from tandem.common.transport import CLIENT_FRAME_BYTES, DealerSocket, monitor_socket
+from tandem.common.transport import (
+    CLIENT_FRAME_BYTES,
+    DealerSocket,
+    close_monitor,
+    monitor_socket,
+)
 
 # A closed connection loses every request in flight on it: the router answers on
 # the connection a request came in on, and a reconnected socket is a new peer.
@@ -61,7 +66,7 @@ class Client:
         self._monitor = monitor_socket(self._sock.sock, _LOST_EVENTS)
 
     def close(self) -> None:
-        self._monitor.close(linger=0)
+        close_monitor(self._sock.sock, self._monitor)
         self._sock.close()
 
     def __enter__(self) -> Client:

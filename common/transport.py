@@ -48,6 +48,21 @@ def monitor_socket(sock: zmq.Socket, events: int) -> zmq.Socket:
     return sock.get_monitor_socket(events, addr=f"inproc://tandem-monitor-{uuid.uuid4().hex}")
 
 
+def close_monitor(sock: zmq.Socket, monitor: zmq.Socket) -> None:
+    """Stop ``sock``'s monitor, then close ``monitor`` (from ``monitor_socket``): call it
+    before closing ``sock``, and never close the monitor alone.
+
+    libzmq sends a monitor event from the context's I/O thread with a blocking send.
+    An event for a monitor whose reading end is gone waits for a reader that never
+    comes, and that I/O thread carries every socket of the context: every client of
+    the process then stalls at once (seen in CI: a test's client closed its monitor
+    first, its socket saw the router go, and each later test of the process timed out
+    waiting for a router that had answered)."""
+    if not sock.closed:
+        sock.disable_monitor()
+    monitor.close(linger=0)
+
+
 def _limit(sock: zmq.Socket, max_msg_bytes: int, setup: Setup | None) -> None:
     # A larger frame closes the sender's connection before it is ever buffered whole.
     sock.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)

@@ -26,7 +26,7 @@ import msgpack
 import zmq
 
 from tandem.common import protocol as p
-from tandem.common.transport import DealerSocket, Setup, context, monitor_socket
+from tandem.common.transport import DealerSocket, Setup, close_monitor, context, monitor_socket
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ class WorkerLink:
             if self.registered.is_set():
                 dealer.send(p.Goodbye(self.ready.worker_id))
                 time.sleep(0.05)  # let the goodbye leave before the socket closes
-            refused.close(linger=0)
+            close_monitor(dealer.sock, refused)
             dealer.close()
             self._pull.close(linger=0)
 
