@@ -158,6 +158,16 @@ class Client:
                     self._mail[rid].append(msg)
         return box.popleft()
 
+    def _drop_stale_events(self) -> None:
+        """Forget monitor events from while no request was open: a connection that
+        closed then (a router restart; ZeroMQ reconnects by itself) lost nothing, and
+        must not fail the next request. Reading them also keeps the monitor's queue
+        short while the client idles (common.transport.close_monitor says why that
+        queue must never block)."""
+        if not self._open:
+            while self._monitor.poll(0):
+                self._monitor.recv_multipart()
+
     def _on_lost(self) -> None:
         """The connection closed: every open request fails now (none can be answered)."""
         events = []
@@ -221,6 +231,7 @@ class Stream:
         """Send; if nothing comes back in time, probe the router. Alive: the request
         waits there (e.g. for a first worker). Silent: send again on a fresh socket."""
         c = self.client
+        c._drop_stale_events()
         for _attempt in range(c.retries + 1):
             c._open.add(self.request_id)
             c._send(self.submit)

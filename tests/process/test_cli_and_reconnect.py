@@ -57,3 +57,17 @@ def test_workers_reregister_with_a_restarted_router():
         cl.wait_for_workers({"w"})  # the worker's heartbeat got "reregister"
         with cl.client() as c:
             assert c.generate("Hello again", max_tokens=3).worker == "w"
+
+
+def test_a_client_kept_across_a_router_restart_is_not_failed_by_the_old_close():
+    """The connection closed while the client idled: its next request runs on the
+    reconnected socket instead of failing with RouterLost."""
+    sim = ["--backend", "sim", "--profile", "gpu-m2", "--warmup", "off", "--heartbeat-s", "0.2"]
+    with Cluster(workers=[WorkerSpec("w", sim)]) as cl, cl.client(timeout_s=20.0) as c:
+        assert c.generate(tokens=[1, 2, 3], max_tokens=3).worker == "w"
+        cl.kill("router")
+        time.sleep(0.5)
+        cl.start_router()
+        cl.wait_for_workers({"w"})
+        time.sleep(0.5)  # the client's socket has reconnected meanwhile
+        assert c.generate(tokens=[1, 2, 3], max_tokens=3).worker == "w"
