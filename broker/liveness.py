@@ -98,12 +98,3 @@ class Liveness:
 def disconnect_monitor(sock: zmq.Socket) -> zmq.Socket:
     """A PAIR socket that receives ``sock``'s disconnect events."""
     return monitor_socket(sock, zmq.EVENT_DISCONNECTED)
-
-
-def drain_events(monitor: zmq.Socket) -> int:
-    """Read every waiting monitor event; how many there were."""
-    n = 0
-    while monitor.poll(0):
-        monitor.recv_multipart()
-        n += 1
-    return n

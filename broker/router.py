@@ -28,7 +28,7 @@ from tandem.broker.config import RouterConfig
 from tandem.broker.decisions import DecisionLog, decision_record
 from tandem.broker.identity import RequestIds, foreign_frame, takeover_problem
 from tandem.broker.ledger import PromptBlocks, ViewCache
-from tandem.broker.liveness import Liveness, disconnect_monitor, drain_events
+from tandem.broker.liveness import Liveness, disconnect_monitor
 from tandem.broker.metrics import RouterMetrics
 from tandem.broker.policies import Decision, Forced, NoCandidate, parse_policy
 from tandem.broker.registry import Routed, WorkerState, ready_problem
@@ -37,7 +37,7 @@ from tandem.broker.requests import ClientRequest, PendingQueue, prompt_tokens, v
 from tandem.common import auth
 from tandem.common import protocol as p
 from tandem.common.tokenizer import TextTokenizer, TokenizerSpec
-from tandem.common.transport import RouterSocket, close_monitor
+from tandem.common.transport import RouterSocket, close_monitor, drain_events
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ from tandem.common.transport import (
     CLIENT_FRAME_BYTES,
     DealerSocket,
     close_monitor,
+    drain_events,
     monitor_socket,
 )
 
@@ -165,8 +166,7 @@ class Client:
         short while the client idles (common.transport.close_monitor says why that
         queue must never block)."""
         if not self._open:
-            while self._monitor.poll(0):
-                self._monitor.recv_multipart()
+            drain_events(self._monitor)
 
     def _on_lost(self) -> None:
         """The connection closed: every open request fails now (none can be answered)."""
