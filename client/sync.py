@@ -19,7 +19,6 @@ from tandem.common.transport import (
     CLIENT_FRAME_BYTES,
     DealerSocket,
     close_monitor,
-    drain_events,
     monitor_socket,
 )
 
@@ -64,10 +63,10 @@ class Client:
 
     def _connect(self) -> None:
         self._sock = DealerSocket(self.address, None, CLIENT_FRAME_BYTES, self._setup)
-        self._monitor = monitor_socket(self._sock.sock, _LOST_EVENTS)
+        self._monitor: zmq.Socket | None = None  # watching only while a reply is awaited
 
     def close(self) -> None:
-        close_monitor(self._sock.sock, self._monitor)
+        self._unwatch(force=True)
         self._sock.close()
 
     def __enter__(self) -> Client:
@@ -110,18 +109,22 @@ class Client:
     # ------------------------------------------------------------ plumbing
     def _call(self, msg: p.Message, expect: tuple[type, ...]) -> p.Message:
         """Request/reply without a request id, retried on a fresh socket (Lazy Pirate)."""
-        for _attempt in range(self.retries + 1):
-            self._sock.send(msg)
-            reply = self._next(None, self.connect_timeout_s)
-            if reply is None:
-                self._reconnect()
-                continue
-            if isinstance(reply, p.Error):
-                raise from_error(reply)
-            if isinstance(reply, expect):
-                return reply
-            raise TandemError(f"unexpected reply {reply.TYPE}")
-        raise RequestTimeout(f"no reply from the router at {self.address}")
+        try:
+            for _attempt in range(self.retries + 1):
+                self._watch()
+                self._sock.send(msg)
+                reply = self._next(None, self.connect_timeout_s)
+                if reply is None:
+                    self._reconnect()
+                    continue
+                if isinstance(reply, p.Error):
+                    raise from_error(reply)
+                if isinstance(reply, expect):
+                    return reply
+                raise TandemError(f"unexpected reply {reply.TYPE}")
+            raise RequestTimeout(f"no reply from the router at {self.address}")
+        finally:
+            self._unwatch()
 
     def _reconnect(self) -> None:
         self.close()
@@ -140,16 +143,20 @@ class Client:
     def _next(self, request_id: str | None, timeout_s: float) -> p.Message | None:
         """The next message for ``request_id`` (None: replies without an id)."""
         box = self._mail[request_id]
+        if box:
+            return box.popleft()
         deadline = time.monotonic() + timeout_s
         poller = zmq.Poller()
         poller.register(self._sock.sock, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
+        monitor = self._monitor
+        assert monitor is not None, "_watch() before waiting for a reply"
+        poller.register(monitor, zmq.POLLIN)
         while not box:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0 or not poller.poll(left_ms):
                 return None
-            if self._monitor.poll(0):
-                self._on_lost()
+            if monitor.poll(0):
+                self._on_lost(monitor)
             while self._sock.poll(0):
                 msg = self._sock.recv()
                 if isinstance(msg, p.ProtocolError):
@@ -159,20 +166,31 @@ class Client:
                     self._mail[rid].append(msg)
         return box.popleft()
 
-    def _drop_stale_events(self) -> None:
-        """Forget monitor events from while no request was open: a connection that
-        closed then (a router restart; ZeroMQ reconnects by itself) lost nothing, and
-        must not fail the next request. Reading them also keeps the monitor's queue
-        short while the client idles (common.transport.close_monitor says why that
-        queue must never block)."""
-        if not self._open:
-            drain_events(self._monitor)
+    def _watch(self) -> None:
+        """Watch the connection (before a request or call is sent): a close seen from
+        now on fails every open request at once (``_on_lost``)."""
+        if self._monitor is None:
+            self._monitor = monitor_socket(self._sock.sock, _LOST_EVENTS)
 
-    def _on_lost(self) -> None:
+    def _unwatch(self, force: bool = False) -> None:
+        """Stop watching once nothing waits for a reply (``force``: on close).
+
+        Nobody reads the monitor while the client idles, and libzmq sends each event
+        from the context's I/O thread with a blocking send: an idle client whose
+        connection keeps failing (a router away, wrong keys: a few events every
+        reconnect) would fill the monitor's queue (1,000 events) and then stall every
+        socket of the process (common.transport.close_monitor). Unwatched, an idle
+        client holds no queue at all, and a close while it idled (a router restart:
+        ZeroMQ reconnects by itself) cannot fail its next request."""
+        if self._monitor is not None and (force or not self._open):
+            close_monitor(self._sock.sock, self._monitor)
+            self._monitor = None
+
+    def _on_lost(self, monitor: zmq.Socket) -> None:
         """The connection closed: every open request fails now (none can be answered)."""
         events = []
-        while self._monitor.poll(0):
-            events.append(recv_monitor_message(self._monitor)["event"])
+        while monitor.poll(0):
+            events.append(recv_monitor_message(monitor)["event"])
         refused = any(e & _REFUSED for e in events)
         why = "refused our handshake (wrong or missing keys?)" if refused else "closed"
         for rid in self._open:
@@ -226,22 +244,27 @@ class Stream:
         """Finished or failed: forget its mailbox; late messages for it are dropped."""
         self.client._open.discard(self.request_id)
         self.client._mail.pop(self.request_id, None)
+        self.client._unwatch()
 
     def _send_with_retry(self) -> None:
         """Send; if nothing comes back in time, probe the router. Alive: the request
         waits there (e.g. for a first worker). Silent: send again on a fresh socket."""
         c = self.client
-        c._drop_stale_events()
-        for _attempt in range(c.retries + 1):
-            c._open.add(self.request_id)
-            c._send(self.submit)
-            msg = c._next(self.request_id, c.connect_timeout_s)
-            if msg is not None:
-                c._mail[self.request_id].appendleft(msg)  # Accepted (or Error): iter reads it
-                return
-            c._sock.send(p.Hello(name="tandem-client"))
-            if c._next(None, c.connect_timeout_s) is not None:
-                return  # the router is alive and holds the request
-            c._reconnect()
+        try:
+            for _attempt in range(c.retries + 1):
+                c._open.add(self.request_id)
+                c._watch()
+                c._send(self.submit)
+                msg = c._next(self.request_id, c.connect_timeout_s)
+                if msg is not None:
+                    c._mail[self.request_id].appendleft(msg)  # Accepted (or Error): iter reads it
+                    return
+                c._sock.send(p.Hello(name="tandem-client"))
+                if c._next(None, c.connect_timeout_s) is not None:
+                    return  # the router is alive and holds the request
+                c._reconnect()
+        except BaseException:
+            self._close()  # e.g. BadRequest (too large): nothing stays open or watched
+            raise
         self._close()
         raise RequestTimeout(f"the router at {c.address} did not accept the request")
