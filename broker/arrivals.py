@@ -25,6 +25,6 @@ class ArrivalLog:
         arrival of the window came, newest first."""
         while self._times and now - self._times[0] > self.WINDOW_S:
             self._times.popleft()
-        before = tuple(now - t for t in reversed(self._times))
+        before = tuple(map(now.__sub__, reversed(self._times)))  # now - t, in C
         self._times.append(now)
         return before

@@ -90,6 +90,8 @@ class Liveness:
         self.probes = sorted(set(self.probes) | {now + d for d in PROBE_AFTER_S})
 
     def probe_due(self, now: float) -> bool:
+        if not self.probes:  # every turn asks: most have nothing to probe
+            return False
         due = [t for t in self.probes if t <= now]
         self.probes = [t for t in self.probes if t > now]
         return bool(due)

@@ -371,7 +371,7 @@ class _Histogram:
 
 
 def _num(x: Any) -> float:
-    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else 0.0
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else 0.0
 
 
 @dataclass
