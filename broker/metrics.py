@@ -123,7 +123,7 @@ class RouterMetrics:
         self._state_gauges(r, state)
         self.started = time.time()
         self.totals = {"requests_routed": 0, "requests_ended": 0, "tokens_relayed": 0}
-        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)
+        self.recent: deque[tuple[Any, ...]] = deque(maxlen=RECENT_DECISIONS)  # on_decision
 
     def _worker_gauges(self, r: CollectorRegistry) -> None:
         def gauge(name: str, doc: str, *labels: str) -> Gauge:
@@ -183,19 +183,11 @@ class RouterMetrics:
         self.decision.observe((), elapsed_s)
         self.routed.inc((decision.worker_id, policy))
         self.totals["requests_routed"] += 1
-        self.recent.append(
-            {
-                "time": round(time.time(), 3),
-                "request": request_id,
-                "worker": decision.worker_id,
-                "policy": policy,
-                "candidates": len(views),
-                "prompt_tokens": req.prompt_tokens,
-                "cached_tokens": chosen.cached_tokens if chosen else 0,
-                "score": decision.scores.get(decision.worker_id),
-                "decision_ms": round(elapsed_s * 1e3, 3),
-            }
-        )
+        cached = chosen.cached_tokens if chosen else 0
+        score = decision.scores.get(decision.worker_id)
+        # Kept as a tuple, made the status reply's dict when read (``activity``).
+        self.recent.append((time.time(), request_id, decision.worker_id, policy, len(views),
+                            req.prompt_tokens, cached, score, elapsed_s))  # fmt: skip
 
     def on_tokens(self, worker_id: str, n: int) -> None:
         self.generation_tokens.inc((worker_id,), n)
@@ -281,7 +273,7 @@ class RouterMetrics:
         return {
             **self.totals,
             "uptime_s": round(time.time() - self.started, 3),
-            "recent_decisions": list(self.recent),
+            "recent_decisions": [_decision_row(*d) for d in self.recent],
         }
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
@@ -298,6 +290,31 @@ def _label_sets(g: Gauge) -> list[tuple[str, ...]]:
     # prometheus-client has no public listing of a metric's children; its _metrics
     # dict (label values -> child) is the documented-by-use way to find them.
     return list(g._metrics)  # noqa: SLF001
+
+
+def _decision_row(
+    at: float,
+    request: str,
+    worker: str,
+    policy: str,
+    candidates: int,
+    prompt_tokens: int,
+    cached_tokens: int,
+    score: float | None,
+    elapsed_s: float,
+) -> dict[str, Any]:
+    """One of the status reply's recent decisions (from ``RouterMetrics.recent``)."""
+    return {
+        "time": round(at, 3),
+        "request": request,
+        "worker": worker,
+        "policy": policy,
+        "candidates": candidates,
+        "prompt_tokens": prompt_tokens,
+        "cached_tokens": cached_tokens,
+        "score": score,
+        "decision_ms": round(elapsed_s * 1e3, 3),
+    }
 
 
 class _Counter:
