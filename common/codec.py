@@ -33,6 +33,7 @@ import types
 import typing
 from collections.abc import Callable
 from enum import StrEnum
+from functools import partial
 from itertools import compress
 from operator import contains, not_
 from typing import Any, Union
@@ -221,6 +222,8 @@ def _map_checker(codec: Codec, where: str) -> Check:
 
 
 _STR_ONLY = frozenset({str})
+_DICT_ONLY = frozenset({dict})
+_key_types = partial(map, type)  # a dict's key types, lazily
 
 
 def _str_keys(d: dict[Any, Any]) -> bool:
@@ -253,10 +256,16 @@ def _predicate(hint: Any) -> Callable[[Any], bool]:
         if item in _EXACT:  # list[int], ...: one pass in C over the item types
             allowed = _EXACT[item]
             return lambda v: type(v) is list and set(map(type, v)) <= allowed
+        if typing.get_origin(item) is dict:  # list[dict[str, ...]] (a batch's entries): in C
+            return lambda v: (
+                type(v) is list
+                and _DICT_ONLY.issuperset(map(type, v))
+                and all(map(_STR_ONLY.issuperset, map(_key_types, v)))
+            )
         each = _predicate(item)
         return lambda v: type(v) is list and all(each(x) for x in v)
     if origin is dict:
-        return lambda v: type(v) is dict and _str_keys(v)
+        return lambda v: type(v) is dict and _STR_ONLY.issuperset(map(type, v))  # _str_keys
     raise TypeError(f"unsupported field type {hint!r}")  # a bug in the message declarations
 
 
