@@ -1,11 +1,22 @@
 """In-process: the router's turns for lone requests, inproc sockets, thread CPU per turn."""
-import sys, time, uuid, gc, statistics
-import msgpack, zmq, os
-CLOCK = time.perf_counter_ns if os.environ.get('CLK') == 'wall' else time.thread_time_ns
+
+import gc
+import os
+import statistics
+import sys
+import time
+import uuid
+
+import msgpack
+import zmq
+
+from tandem.bench import null_peers
 from tandem.broker.router import Router, RouterConfig
 from tandem.common import protocol as p
 from tandem.common.settings import Addresses
-from tandem.bench import null_peers
+
+CLOCK = time.perf_counter_ns if os.environ.get("CLK") == "wall" else time.thread_time_ns
+
 
 def setup(kind="inproc"):
     if kind == "inproc":
@@ -13,11 +24,14 @@ def setup(kind="inproc"):
         addrs = Addresses(f"inproc://c-{tag}", f"inproc://w-{tag}")
     else:
         from tandem.bench.router_overhead import _addr
+
         addrs = Addresses(_addr(), _addr())
     r = Router(RouterConfig(addresses=addrs))
     ctx = zmq.Context.instance()
-    c = ctx.socket(zmq.DEALER); c.connect(r.client_sock.address)
-    w = ctx.socket(zmq.DEALER); w.connect(r.worker_sock.address)
+    c = ctx.socket(zmq.DEALER)
+    c.connect(r.client_sock.address)
+    w = ctx.socket(zmq.DEALER)
+    w.connect(r.worker_sock.address)
     w.send(p.encode(null_peers.ready("null", null_peers.tiny_spec(), with_spec=False)))
     time.sleep(0.05)
     for _ in range(5):
@@ -25,14 +39,22 @@ def setup(kind="inproc"):
         while w.poll(50):
             m = msgpack.unpackb(w.recv())
             if m.get("type") == "reregister":
-                w.send(p.encode(null_peers.ready("null", null_peers.tiny_spec(), with_spec=bool(m.get("tokenizer", True)))))
+                w.send(
+                    p.encode(
+                        null_peers.ready(
+                            "null", null_peers.tiny_spec(), with_spec=bool(m.get("tokenizer", True))
+                        )
+                    )
+                )
     assert r.workers, "no worker"
     return r, c, w
+
 
 def one(r, c, w, i, times, gcs=None):
     cs, ws = r.client_sock.sock, r.worker_sock.sock
     c.send(p.encode(p.Submit(f"q{i}", tokens=[1, 2, 3], sampling=p.SamplingParams(1))))
-    while not cs.poll(100): pass
+    while not cs.poll(100):
+        pass
     t0 = CLOCK()
     r.turn({cs: zmq.POLLIN})
     t1 = CLOCK()
@@ -41,7 +63,8 @@ def one(r, c, w, i, times, gcs=None):
     rid = m["request_id"]
     stats = {"output_tokens": 1, "prompt_tokens": 1, "cached_tokens": 0}
     w.send(p.encode_batch([p.TokenDelta(rid, [7], "x"), p.Done(rid, p.FinishReason.LENGTH, stats)]))
-    while not ws.poll(100): pass
+    while not ws.poll(100):
+        pass
     t2 = CLOCK()
     r.turn({ws: zmq.POLLIN})
     t3 = CLOCK()
@@ -53,8 +76,10 @@ def one(r, c, w, i, times, gcs=None):
             break
     times.append((t1 - t0, t3 - t2))
 
+
 def main():
-    n = int(sys.argv[1]); kind = sys.argv[2] if len(sys.argv) > 2 else "inproc"
+    n = int(sys.argv[1])
+    kind = sys.argv[2] if len(sys.argv) > 2 else "inproc"
     r, c, w = setup(kind)
     gc.freeze()
     times = []
@@ -67,7 +92,11 @@ def main():
     b = statistics.median(t[1] for t in times) / 1e3
     ma = statistics.mean(t[0] for t in times) / 1e3
     mb = statistics.mean(t[1] for t in times) / 1e3
-    print(f"{kind}: submit turn median {a:.1f} us (mean {ma:.1f}), worker turn median {b:.1f} us (mean {mb:.1f}), sum median {a+b:.1f}")
+    print(
+        f"{kind}: submit turn median {a:.1f} us (mean {ma:.1f}), "
+        f"worker turn median {b:.1f} us (mean {mb:.1f}), sum median {a + b:.1f}"
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -1,19 +1,30 @@
 """Side by side: base router, branch router, direct worker; lone requests alternating.
 usage: side.py N ROUNDS"""
-import json, os, statistics, subprocess, sys, time
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
 import zmq
+
 from tandem.bench import router_overhead as ro
+
 PY = "/work/main/.venv/bin/python"
 TREES = {"base": "/tmp/lat-base", "branch": os.environ.get("BR", "/tmp/lat-br")}
+
 
 def spawn(tree, *args):
     env = dict(os.environ, PYTHONPATH=tree)
     return subprocess.Popen([PY, "/tmp/lat/peer.py", *args], env=env, cwd=tree)
 
+
 def sched(pid):
     with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
         run, wait, n = map(int, f.read().split())
     return run, wait
+
 
 def main():
     n, rounds = int(sys.argv[1]), int(sys.argv[2])
@@ -21,15 +32,26 @@ def main():
     ctx = zmq.Context.instance()
     for name, tree in TREES.items():
         c, w = ro._addr(), ro._addr()
-        r = spawn(tree, "router", c, w); procs.append(r); pids[name] = r.pid
+        r = spawn(tree, "router", c, w)
+        procs.append(r)
+        pids[name] = r.pid
         procs.append(spawn(tree, "worker", w, "router"))
-        s = ctx.socket(zmq.DEALER); s.setsockopt(zmq.LINGER, 0); s.connect(c); socks[name] = s
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(c)
+        socks[name] = s
     for name in os.environ.get("EXTRA", "").split(","):
-        if not name: continue
+        if not name:
+            continue
         c, w = ro._addr(), ro._addr()
-        r = spawn(TREES["branch"], name, c, w); procs.append(r); pids[name] = r.pid
+        r = spawn(TREES["branch"], name, c, w)
+        procs.append(r)
+        pids[name] = r.pid
         procs.append(spawn(TREES["branch"], "worker", w, "router"))
-        s = ctx.socket(zmq.DEALER); s.setsockopt(zmq.LINGER, 0); s.connect(c); socks[name] = s
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(c)
+        socks[name] = s
     if os.environ.get("ONLY"):
         keep = os.environ["ONLY"].split(",")
         for k in [k for k in TREES if k not in keep]:
@@ -37,12 +59,17 @@ def main():
             pids.pop(k)
     d = ro._addr()
     procs.append(spawn(TREES["base"], "worker", d, "direct"))
-    s = ctx.socket(zmq.DEALER); s.setsockopt(zmq.LINGER, 0); s.connect(d); socks["direct"] = s
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(d)
+    socks["direct"] = s
     try:
-        for s in socks.values(): ro._warm(s)
-        for name, s in socks.items(): ro._drive(s, [ro._submit(f"q{i}", 1) for i in range(300)], 1)
+        for s in socks.values():
+            ro._warm(s)
+        for s in socks.values():
+            ro._drive(s, [ro._submit(f"q{i}", 1) for i in range(300)], 1)
         out = []
-        for r in range(rounds):
+        for _ in range(rounds):
             lat = {k: [] for k in socks}
             cpu0 = {k: sched(p) for k, p in pids.items()}
             cpu1 = {}
@@ -58,10 +85,10 @@ def main():
                         c1 = sched(pids[k])
                         cpu0[k], cpu1[k] = c0, c1
             else:
-                for i in range(n):
+                for _i in range(n):
                     for k, s in socks.items():
-                        _, _, l = ro._drive(s, [ro._submit("q0", 1)], 1)
-                        lat[k].append(l[0])
+                        _, _, one = ro._drive(s, [ro._submit("q0", 1)], 1)
+                        lat[k].append(one[0])
                 cpu1 = {k: sched(p) for k, p in pids.items()}
             row = {k: round(statistics.median(v) * 1e3, 4) for k, v in lat.items()}
             for k in pids:
@@ -72,17 +99,28 @@ def main():
             if not os.environ.get("QUIET"):
                 print(json.dumps(row), flush=True)
             out.append(row)
+
         def q(xs, f):
-            xs = sorted(xs); return xs[min(len(xs) - 1, int(f * len(xs)))]
+            xs = sorted(xs)
+            return xs[min(len(xs) - 1, int(f * len(xs)))]
+
         summary = {}
         for k in out[0]:
-            if k == "load": continue
+            if k == "load":
+                continue
             xs = [r[k] for r in out]
-            summary[k] = {"p25": round(q(xs, 0.25), 3), "med": round(statistics.median(xs), 3), "p75": round(q(xs, 0.75), 3)}
+            summary[k] = {
+                "p25": round(q(xs, 0.25), 3),
+                "med": round(statistics.median(xs), 3),
+                "p75": round(q(xs, 0.75), 3),
+            }
         print(json.dumps({"rounds": len(out), "n": n, "summary": summary}, indent=None), flush=True)
     finally:
-        for p in procs: p.terminate()
-        for p in procs: p.wait(5)
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(5)
+
 
 if __name__ == "__main__":
     main()
