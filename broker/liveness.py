@@ -51,7 +51,11 @@ class Liveness:
 
     def on_output(self, worker_id: str, now: float) -> None:
         """The worker relayed tokens, a Done or an Error: it is making progress."""
-        self.progress[worker_id] = Progress(now, self._remaining(worker_id))
+        last = self.progress.get(worker_id)
+        if last is None:
+            self.progress[worker_id] = Progress(now)
+        else:  # its remaining work as last reported: only the time moves (in place)
+            last.at = now
 
     def on_heartbeat(self, worker_id: str, remaining: int, holds: bool, now: float) -> None:
         """``remaining``: work its heartbeat lists; ``holds``: it has requests of ours."""
@@ -81,15 +85,13 @@ class Liveness:
     def forget(self, worker_id: str) -> None:
         self.progress.pop(worker_id, None)
 
-    def _remaining(self, worker_id: str) -> int:
-        last = self.progress.get(worker_id)
-        return last.remaining if last else -1
-
     # ------------------------------------------------------------ disconnects
     def on_disconnect(self, now: float) -> None:
         self.probes = sorted(set(self.probes) | {now + d for d in PROBE_AFTER_S})
 
     def probe_due(self, now: float) -> bool:
+        if not self.probes:  # every turn asks: most have nothing to probe
+            return False
         due = [t for t in self.probes if t <= now]
         self.probes = [t for t in self.probes if t > now]
         return bool(due)

@@ -52,6 +52,8 @@ class TokenOutbox:
 
     def take_all(self) -> list[Pending]:
         """Every pending entry, in arrival order; the outbox is empty after."""
+        if not self._pending:
+            return []
         out = list(self._pending.values())
         self._pending.clear()
         return out

@@ -163,6 +163,9 @@ class Router:
         more = False
         if ready is None or self.client_sock.sock in ready:
             more = not self._drain(self.client_sock, self.on_client, adm.client_frames_per_turn)
+        if not self.pending:
+            self._flush()  # all that dispatch_pending does with nothing to route
+            return more
         return self.dispatch_pending(limit=adm.routes_per_turn) or more
 
     def drain_workers(self) -> bool:
@@ -208,12 +211,14 @@ class Router:
         """Send what the router owes its peers, one frame each (common/transport.py):
         workers first, so that a request whose Assign did not leave is queued again
         before its client is told it was accepted."""
-        for identity, lost in self.worker_sock.flush():
-            self._assigns_lost(identity, lost)
+        if self.worker_sock.held:  # most calls find nothing queued: no call then
+            for identity, lost in self.worker_sock.flush():
+                self._assigns_lost(identity, lost)
         if self._accepts:
             self._release_accepts(time.monotonic())
-        for identity, lost in self.client_sock.flush():
-            self._client_gone(identity, lost)
+        if self.client_sock.held:
+            for identity, lost in self.client_sock.flush():
+                self._client_gone(identity, lost)
         if self._settle:
             settle, self._settle = self._settle, []
             for hook, args in settle:

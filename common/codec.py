@@ -33,6 +33,9 @@ import types
 import typing
 from collections.abc import Callable
 from enum import StrEnum
+from functools import partial
+from itertools import compress
+from operator import contains, not_
 from typing import Any, Union
 
 Check = Callable[[Any], Any]  # returns the (possibly converted) value or raises FieldError
@@ -76,12 +79,30 @@ class Codec:
             enc = _encoder(hint)
             if enc is not None:
                 self._nested.append((f.name, enc))
+        # A map with every field (what ``to_map`` writes): the fields with a check, their
+        # values read and type-tested in C; only those not passed as is go to Python.
+        checked = [(name, passes, check) for name, _, passes, check in self._checks if check]
+        self._checked = tuple((name, check) for name, _, check in checked)
+        self._checked_passes = tuple(passes for _, passes, _ in checked)
+        names = [name for name, _, _ in checked]
+        self._values = (lambda body: ()) if not names else operator.itemgetter(*names)
+        if len(names) == 1:
+            self._values = lambda body, name=names[0]: (body[name],)
 
     def build(self, body: dict[str, Any]) -> Any:
         """An instance from ``body`` (a str-keyed map; modified in place)."""
         if not body.keys() <= self.names:
             unknown = sorted(set(body) - self.names)
             raise FieldError(f"{self.label}: unknown field(s) {unknown}")
+        if len(body) == len(self._order):  # every field there: none missing
+            # The loop below, for the values whose type its check does not pass as is
+            # (in field order: the first bad field raises, as there).
+            values = self._values(body)
+            unchecked = map(not_, map(contains, self._checked_passes, map(type, values)))
+            for i in compress(range(len(values)), unchecked):
+                name, check = self._checked[i]
+                body[name] = check(values[i])
+            return self.cls(**body)
         for name, required, passes, check in self._checks:
             value = body.get(name, _ABSENT)
             if value is _ABSENT:
@@ -201,6 +222,8 @@ def _map_checker(codec: Codec, where: str) -> Check:
 
 
 _STR_ONLY = frozenset({str})
+_DICT_ONLY = frozenset({dict})
+_key_types = partial(map, type)  # a dict's key types, lazily
 
 
 def _str_keys(d: dict[Any, Any]) -> bool:
@@ -233,10 +256,16 @@ def _predicate(hint: Any) -> Callable[[Any], bool]:
         if item in _EXACT:  # list[int], ...: one pass in C over the item types
             allowed = _EXACT[item]
             return lambda v: type(v) is list and set(map(type, v)) <= allowed
+        if typing.get_origin(item) is dict:  # list[dict[str, ...]] (a batch's entries): in C
+            return lambda v: (
+                type(v) is list
+                and _DICT_ONLY.issuperset(map(type, v))
+                and all(map(_STR_ONLY.issuperset, map(_key_types, v)))
+            )
         each = _predicate(item)
         return lambda v: type(v) is list and all(each(x) for x in v)
     if origin is dict:
-        return lambda v: type(v) is dict and _str_keys(v)
+        return lambda v: type(v) is dict and _STR_ONLY.issuperset(map(type, v))  # _str_keys
     raise TypeError(f"unsupported field type {hint!r}")  # a bug in the message declarations
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -387,11 +388,25 @@ _CODECS = {cls: codec_for(cls) for cls in MESSAGE_TYPES.values()}
 _STR_ONLY = frozenset({str})
 
 
+_packers = threading.local()
+
+
+def _pack(body: dict[str, Any]) -> bytes:
+    """``msgpack.packb(body, use_bin_type=True)`` with this thread's Packer: ``packb``
+    makes (and frees) a Packer and its buffer per call, ~2.5x the cost of the packing
+    of a small message."""
+    try:
+        pack = _packers.pack
+    except AttributeError:
+        pack = _packers.pack = msgpack.Packer(use_bin_type=True).pack
+    return pack(body)
+
+
 def encode(msg: Message) -> bytes:
     body = _CODECS[type(msg)].to_map(msg)  # nested dataclasses become maps, StrEnums stay str
     body["v"] = PROTOCOL_VERSION
     body["type"] = msg.TYPE
-    return msgpack.packb(body, use_bin_type=True)
+    return _pack(body)
 
 
 def encode_batch(msgs: Sequence[Message]) -> bytes:
@@ -405,7 +420,7 @@ def batch_entry(msg: Message) -> bytes:
     one by one and joins them with ``join_batch``."""
     body = _CODECS[type(msg)].to_map(msg)
     body["type"] = msg.TYPE
-    return msgpack.packb(body, use_bin_type=True)
+    return _pack(body)
 
 
 def join_batch(entries: Sequence[bytes]) -> bytes:

@@ -92,14 +92,15 @@ class RouterSocket:
         self.sock.setsockopt(zmq.SNDHWM, 100_000)
         self.sock.bind(address)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._held: dict[bytes, list[Message]] = {}  # queued per peer, in order
+        # What ``queue`` holds for ``flush``, per peer in order (empty: nothing to send).
+        self.held: dict[bytes, list[Message]] = {}
 
     def queue(self, identity: bytes, msg: Message) -> None:
         """Hold ``msg`` for ``identity`` until ``flush``: what one peer is owed over a
         pass of the router's loop leaves in one frame, not one frame per message."""
-        held = self._held.get(identity)
+        held = self.held.get(identity)
         if held is None:
-            self._held[identity] = [msg]
+            self.held[identity] = [msg]
         else:
             held.append(msg)
 
@@ -107,9 +108,9 @@ class RouterSocket:
         """Send what ``queue`` holds, per peer in order: a lone message in its own
         frame, more as ``batch`` frames. Returns the peers that could not be reached
         with the messages they did not get (the sender decides what that means)."""
-        if not self._held:
+        if not self.held:
             return []
-        held, self._held = self._held, {}
+        held, self.held = self.held, {}
         lost = []
         for identity, msgs in held.items():
             sent = self._send_held(identity, msgs)

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
+from itertools import compress
+from operator import is_not, not_
 from typing import TYPE_CHECKING, Any
 
 from tandem.common.errors import Problem
@@ -86,13 +89,15 @@ def _tree_ok(value: Any, depth: int) -> bool:
         return True
     if depth >= MAX_DEPTH:  # every child is one level too deep, but plain ones?
         return all(_tree_ok(v, depth + 1) for v in values)
-    for v in values:  # a child one level down may still be a plain value
+    # A child one level down may still be a plain value: those are passed over in C
+    # (most fields: ids, counts, flags), the others looked at here in their order.
+    for v in compress(values, map(not_, map(_PLAIN.__contains__, map(type, values)))):
         t = type(v)
-        if t in _PLAIN:
-            continue
         if t is float:  # checked here: a call per number costs more than the test
             if not math.isfinite(v):
                 return False
+            continue
+        if t is list and (not v or isinstance(v[0], int)):  # a token list: the call's answer
             continue
         if not _tree_ok(v, depth + 1):
             return False
@@ -177,9 +182,16 @@ def _heartbeat(m: p.Heartbeat) -> Problem | None:
     )
 
 
+_NUMBERS = frozenset({int, float})
+_not_none = partial(is_not, None)
+
+
 def _done(m: p.Done) -> Problem | None:
     if len(m.stats) > MAX_STATS_KEYS:
         return _bad(f"done.stats has more than {MAX_STATS_KEYS} keys")
+    given = list(filter(_not_none, map(m.stats.get, NUMERIC_STATS)))
+    if _NUMBERS.issuperset(map(type, given)) and (not given or min(given) >= 0):
+        return _id_problem("request_id", m.request_id)  # the loop below would pass them all
     for key in NUMERIC_STATS:
         v = m.stats.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v < 0):

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from tandem.broker.metrics import E2E_BUCKETS_S, _Counter, _Histogram
 from tandem.common import protocol as p
 from tests.helpers import Harness
 
@@ -88,3 +93,38 @@ def test_a_wide_worker_exports_a_bounded_rate_table(h: Harness) -> None:
     assert sorted(int(s.labels["batch"]) for s in samples) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
     assert value(h, "tandem_worker_decode_tokens_per_second",
                  worker="a", source="advertised", batch="8") == 57.0  # fmt: skip
+
+
+def _samples(registry: CollectorRegistry) -> list[tuple[str, dict[str, str], float]]:
+    return [
+        (s.name, s.labels, s.value)
+        for m in registry.collect()
+        for s in m.samples
+        if not s.name.endswith("_created")
+    ]
+
+
+def test_the_request_series_export_what_prometheus_client_would() -> None:
+    # The series every request moves are plain numbers (broker/metrics.py): the same
+    # events through prometheus-client's own Counter and Histogram give the same samples.
+    rng = random.Random(7)
+    ours, ref = CollectorRegistry(), CollectorRegistry()
+    c = _Counter("t_requests", "Doc.", ("outcome", "policy"), ours)
+    rc = Counter("t_requests", "Doc.", ["outcome", "policy"], registry=ref)
+    h = _Histogram("t_latency_seconds", "Doc.", ("worker",), E2E_BUCKETS_S, ours)
+    rh = Histogram("t_latency_seconds", "Doc.", ["worker"], buckets=E2E_BUCKETS_S, registry=ref)
+    edges = [0.0, *E2E_BUCKETS_S, 1e9]
+    for _ in range(2000):
+        key = (rng.choice(["eos", "length", "cancelled"]), rng.choice(["a", "b"]))
+        n = rng.choice([0, 1, 2.5, rng.random() * 100])
+        c.inc(key, n)
+        rc.labels(*key).inc(n)
+        amount = rng.choice([rng.choice(edges), rng.random() * 600, rng.random() * 1e-3])
+        h.observe((key[1],), amount)
+        rh.labels(key[1]).observe(amount)
+    assert _samples(ours) == _samples(ref)
+    h.observe(("a",), float("nan"))
+    rh.labels("a").observe(float("nan"))
+    got, want = _samples(ours), _samples(ref)
+    assert [x[:2] for x in got] == [x[:2] for x in want]
+    assert [x[2] for x in got if "_sum" not in x[0]] == [x[2] for x in want if "_sum" not in x[0]]
