@@ -4,6 +4,7 @@ router's two turns, in the same time window."""
 
 import gc
 import importlib
+import os
 import statistics
 import sys
 import time
@@ -12,7 +13,8 @@ import uuid
 import msgpack
 import zmq
 
-sys.path.insert(0, "/tmp/lat-pkg")
+# PKGS: a folder holding main's package as tandem_base beside the branch's as tandem.
+sys.path.insert(0, os.environ["PKGS"])
 
 
 def make(pkg):

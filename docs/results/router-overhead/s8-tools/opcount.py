@@ -2,9 +2,10 @@
 in Router.turn."""
 
 import collections
+import os
 import sys
 
-sys.path.insert(0, "/tmp/lat")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import inproc
 
 

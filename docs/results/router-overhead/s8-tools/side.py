@@ -11,13 +11,15 @@ import zmq
 
 from tandem.bench import router_overhead as ro
 
-PY = "/work/main/.venv/bin/python"
-TREES = {"base": "/tmp/lat-base", "branch": os.environ.get("BR", "/tmp/lat-br")}
+HERE = os.path.dirname(os.path.abspath(__file__))
+PY = os.environ.get("PY", sys.executable)
+# Two checkouts, each with the rooms linked under tandem/ (BASE and BR: their roots).
+TREES = {"base": os.environ["BASE"], "branch": os.environ["BR"]}
 
 
 def spawn(tree, *args):
     env = dict(os.environ, PYTHONPATH=tree)
-    return subprocess.Popen([PY, "/tmp/lat/peer.py", *args], env=env, cwd=tree)
+    return subprocess.Popen([PY, os.path.join(HERE, "peer.py"), *args], env=env, cwd=tree)
 
 
 def sched(pid):
