@@ -225,13 +225,14 @@ def twin_table(group: dict[str, Any]) -> list[str]:
         return []
     first = next(r["twin_oracle"] for c in cases for r in c["runs"])
     runs = {
-        "shared": "runs that used every worker",
-        "placement": "runs that used every worker for split placements, over the runs "
-        "of that worker alone for one-worker placements",
-    }.get(group.get("twin_served_from", "all"), "runs")
+        "shared": "median over this group's runs that used every worker",
+        "placement": "median over this group's runs that used every worker for split "
+        "placements, over the runs of that worker alone for one-worker placements",
+        "run": "those served in each run itself: a best placement per run",
+    }.get(group.get("twin_served_from", "all"), "median over this group's runs")
     lines = [
         "Twin oracle: the run's arrivals replayed through the twin with every request "
-        f"pinned, on the workers' served step times (median over this group's {runs}); the "
+        f"pinned, on the workers' served step times ({runs}); the "
         f"best placement found ({'every placement tried' if first['exact'] else 'search'}; "
         f"run 1: {first['requests']}, {first['makespan_s']:.2f} s):",
         "",

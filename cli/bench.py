@@ -240,11 +240,12 @@ def merge(results: tuple[str, ...], out_dir: str, policies: tuple[str, ...]) -> 
 @click.argument("result", type=click.Path(exists=True, dir_okay=False))
 @click.option("--budget", type=int, default=400, show_default=True,
               help="Twin replays per arrival schedule (when not exhaustive).")  # fmt: skip
-@click.option("--served-from", type=click.Choice(["placement", "shared", "all"]),
+@click.option("--served-from", type=click.Choice(["placement", "shared", "all", "run"]),
               default="placement", show_default=True, help="The device model, a median "
               "over a group's runs: split placements on the runs that used every worker "
               "and one-worker placements on the runs of that worker alone; or one model "
-              "for all placements from the shared runs / all runs.")  # fmt: skip
+              "for all placements from the shared runs / all runs; or, 'run', each run "
+              "on the speeds served in that run (a search per run).")  # fmt: skip
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Output folder [default: beside RESULT].")  # fmt: skip
 def twin_oracle(result: str, budget: int, served_from: str, out_dir: str | None) -> None:

@@ -178,13 +178,20 @@ def annotate(
     runs that used every worker, one-worker placements on those of the runs that
     used that worker alone; "all" / "shared": one model for every placement, from
     all runs / the shared ones. One search per arrival schedule (runs with the same
-    index share it). ``encode``: the served model's tokenizer (prompts decide
-    prefix-cache hits)."""
+    index share it). "run": each run against the speeds served in that run (its
+    ``served_rates``, the router's live step model when it ended): a search per
+    run, and a yardstick per run, so the box's drift from run to run leaves the
+    model gap (the GPU's median step moved 10.9 -> 14.8 ms between two forced:gpu
+    runs of one H200 group); the price: a policy whose placement slows a worker is
+    measured against that slower worker. ``encode``: the served model's tokenizer
+    (prompts decide prefix-cache hits)."""
     from tandem.bench.spec import parse_worker
 
     done = 0
+    if served_from not in ("placement", "shared", "all", "run"):
+        raise ValueError(f"served_from {served_from!r}: placement, shared, all or run")
     for group in doc["groups"]:
-        split = "shared" if served_from == "placement" else served_from
+        split = {"placement": "shared", "run": "all"}.get(served_from, served_from)
         served = group_served(group, split)
         if not served:
             continue
@@ -207,11 +214,26 @@ def annotate(
                 runs.setdefault(run["run"], []).append((case["router_policy"], run))
         for index, same in sorted(runs.items()):
             arrivals = wl.arrivals(doc["config"]["seed"] + index)
-            search = PlacementSearch(devices, arrivals, book, wl.seeds_prefix, alone)
             owns = [run_placement(r, len(arrivals)) for _, r in same]
-            best = search.best([o for o in owns if "" not in o], budget)
-            for (policy, run), own in zip(same, owns, strict=True):
-                if "" in own:  # a failed request: nothing to compare
+            if served_from == "run":  # a search per run, on its own speeds
+                searches = [
+                    PlacementSearch(
+                        served_devices({**served, **run.get("served_rates", {})}, active),
+                        arrivals,
+                        book,
+                        wl.seeds_prefix,
+                    )  # fmt: skip
+                    for _, run in same
+                ]
+                bests = [x.best([o], budget) if "" not in o else None
+                         for x, o in zip(searches, owns, strict=True)]  # fmt: skip
+            else:
+                search = PlacementSearch(devices, arrivals, book, wl.seeds_prefix, alone)
+                searches = [search] * len(same)
+                best = search.best([o for o in owns if "" not in o], budget)
+                bests = [best] * len(same)
+            for (policy, run), own, search, best in zip(same, owns, searches, bests, strict=True):
+                if "" in own or best is None:  # a failed request: nothing to compare
                     continue
                 run["twin_oracle"] = best.to_json(search.makespan(own))
                 # A forced policy's placement is its own: its replay is the pinned one.

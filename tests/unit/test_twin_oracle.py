@@ -130,3 +130,39 @@ def test_one_worker_placements_replay_on_the_alone_devices():
     alone, split = ("gpu-m2",) * 4, ("cpu-m2", "gpu-m2") * 2
     assert mixed.makespan(alone) == only_slow.makespan(alone) > only_fast.makespan(alone)
     assert mixed.makespan(split) == only_fast.makespan(split)
+
+
+def test_per_run_speeds_give_each_run_its_own_best():
+    """served_from="run": a run is measured against the best placement on the speeds
+    served in that run, so a run on a box that drifted slower is not charged the drift
+    (its best is slower too), and each best is the search over that run's rates."""
+    wl, book = _burst(4)
+    fast = {
+        "cpu-m2": {"prefill_tok_s": 80.0, "decode_tok_s": [40.0, 60.0]},
+        "gpu-m2": {"prefill_tok_s": 3000.0, "decode_tok_s": [60.0, 110.0]},
+    }
+    slow = {w: {**r, "decode_tok_s": [x / 2 for x in r["decode_tok_s"]]} for w, r in fast.items()}
+
+    def run(index: int, rates: dict) -> dict:
+        recs = [{"index": i, "worker": "gpu-m2"} for i in range(4)]
+        return {"run": index, "records": recs, "served_rates": rates,
+                "metrics": {"makespan_s": 3.0}}  # fmt: skip
+
+    group = {"label": "g", "max_active": 2, "workload": wl.to_json(),
+             "cases": [{"router_policy": "forced:gpu-m2",
+                        "runs": [run(0, fast), run(1, slow)]}]}  # fmt: skip
+    doc = {"config": {"seed": 0, "workers": [{"id": "cpu-m2", "spec": "sim:cpu-m2:id=cpu-m2"},
+                                             {"id": "gpu-m2", "spec": "sim:gpu-m2:id=gpu-m2"}]},
+           "groups": [group]}  # fmt: skip
+    assert annotate(doc, encode, served_from="run") == 2
+    on_fast, on_slow = (r["twin_oracle"] for r in group["cases"][0]["runs"])
+    assert on_slow["makespan_s"] > on_fast["makespan_s"]
+    assert on_slow["own_makespan_s"] > on_fast["own_makespan_s"]
+    active = {"cpu-m2": 2, "gpu-m2": 2}
+    for rates, seed, res in ((fast, 0, on_fast), (slow, 1, on_slow)):
+        search = PlacementSearch(served_devices(rates, active), wl.arrivals(seed), book, True)
+        assert res["makespan_s"] == pytest.approx(search.best([("gpu-m2",) * 4]).makespan_s)
+        assert res["own_makespan_s"] == pytest.approx(search.makespan(("gpu-m2",) * 4))
+    assert group["twin_served_from"] == "run"
+    with pytest.raises(ValueError, match="served_from"):
+        annotate(doc, encode, served_from="median")
