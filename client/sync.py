@@ -207,7 +207,9 @@ class Client:
 
 
 class Stream:
-    """Iterate for Deltas; ``result`` holds the finished Result afterwards."""
+    """Iterate for Deltas; ``result`` holds the finished Result afterwards. Leaving
+    the iteration before the end (``break``, an exception in the loop's body)
+    cancels the request, as the AsyncClient does: its worker's slot is freed."""
 
     def __init__(self, client: Client, submit: p.Submit) -> None:
         self.client = client
@@ -225,20 +227,29 @@ class Stream:
 
     def __iter__(self) -> Iterator[Delta]:
         c = self.client
-        while self._asm.result is None:
-            msg = c._next(self.request_id, c.timeout_s)
-            if msg is None:
-                c.cancel(self.request_id)
+        rid = self.request_id
+        if self._asm.result is None and rid not in c._open and not c._mail.get(rid):
+            raise TandemError("this stream was left before its end: its request was cancelled")
+        try:
+            while self._asm.result is None:
+                msg = c._next(rid, c.timeout_s)
+                if msg is None:
+                    c.cancel(rid)
+                    self._close()
+                    raise RequestTimeout(f"no reply for {c.timeout_s}s", rid)
+                try:
+                    delta = self._asm.apply(msg)
+                except TandemError:
+                    self._close()
+                    raise
+                if delta is not None:
+                    yield delta
+            self._close()  # finished
+        finally:
+            if rid in c._open:  # the caller left mid-stream: free the worker's slot
+                if not c._sock.sock.closed:
+                    c.cancel(rid)
                 self._close()
-                raise RequestTimeout(f"no reply for {c.timeout_s}s", self.request_id)
-            try:
-                delta = self._asm.apply(msg)
-            except TandemError:
-                self._close()
-                raise
-            if delta is not None:
-                yield delta
-        self._close()
 
     def _close(self) -> None:
         """Finished or failed: forget its mailbox; late messages for it are dropped."""
