@@ -139,12 +139,14 @@ class AsyncClient:
 
     def _box(self, rid: str | None) -> asyncio.Queue[p.Message]:
         if self._reader is None or self._reader.done():
-            loop = asyncio.get_running_loop()
-            self._reader = loop.create_task(self._read())
+            self._reader = asyncio.get_running_loop().create_task(self._read())
+        if self._watcher is None or self._watcher.done():
             # The monitor attaches now, before the first request leaves: a router that
-            # answers and dies at once must not close the connection unobserved.
+            # answers and dies at once must not close the connection unobserved. Only
+            # when no watcher lives: a socket has one monitor, and a second would
+            # replace the first, whose watcher would then stop the new one as it ends.
             monitor = monitor_socket(self._sock, zmq.EVENT_DISCONNECTED)
-            self._watcher = loop.create_task(self._watch(monitor))
+            self._watcher = asyncio.get_running_loop().create_task(self._watch(monitor))
         return self._boxes.setdefault(rid, asyncio.Queue())
 
     async def _watch(self, monitor: zmq.asyncio.Socket) -> None:

@@ -64,3 +64,40 @@ def test_leaving_a_stream_early_cancels_and_a_finished_one_does_not(tmp_path: Pa
     finally:
         router.sock.close()
     assert sent == [p.Cancel("r1")]
+
+
+def test_a_restarted_reader_keeps_the_one_watcher_and_a_close_still_fails_requests(
+    tmp_path: Path,
+) -> None:
+    """The reader task may end on a live loop (here: cancelled); the next request
+    starts a new reader but keeps the watcher that lives (a second monitor would
+    replace the first, and its watcher would stop the new one as it ends), and the
+    router going still fails the open request at once."""
+    from tandem.client.errors import RouterLost
+
+    router = FakeRouter(tmp_path)
+
+    async def run() -> None:
+        async with AsyncClient(router.address, timeout_s=30.0) as c:
+            first = c.events("hi", request_id="r1", max_tokens=1)
+            task = asyncio.ensure_future(anext(first))
+            who, _ = await router.recv()
+            router.send(who, p.Done("r1", "length", {}))
+            assert isinstance(await task, Result)
+            await first.aclose()
+            watcher = c._watcher
+            assert c._reader is not None
+            c._reader.cancel()
+            await asyncio.sleep(0.05)
+            events = c.events("hi", request_id="r2", max_tokens=8)
+            pending = asyncio.ensure_future(anext(events))
+            await router.recv()
+            assert c._watcher is watcher and not watcher.done()
+            router.sock.close()  # the router goes mid-request
+            try:
+                await asyncio.wait_for(pending, 10.0)
+            except RouterLost:
+                return
+            raise AssertionError("the open request did not fail when the router went")
+
+    asyncio.run(run())
