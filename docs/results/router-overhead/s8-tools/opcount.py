@@ -11,10 +11,10 @@ import inproc
 
 def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 50
-    r, c, w = inproc.setup()
+    r, c, w, P = inproc.setup()
     times = []
     for i in range(200):
-        inproc.one(r, c, w, i, times)
+        inproc.one(r, c, w, P, i, times)
     counts = collections.Counter()
     per_fn = collections.Counter()
 
@@ -47,7 +47,7 @@ def main():
 
     r.turn = turn
     for i in range(n):
-        inproc.one(r, c, w, 1000 + i, times)
+        inproc.one(r, c, w, P, 1000 + i, times)
     print({k: round(v / n, 1) for k, v in counts.items()})
     if len(sys.argv) > 2:
         for k, v in per_fn.most_common(int(sys.argv[2])):
