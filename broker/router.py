@@ -163,9 +163,6 @@ class Router:
         more = False
         if ready is None or self.client_sock.sock in ready:
             more = not self._drain(self.client_sock, self.on_client, adm.client_frames_per_turn)
-        if not self.pending:
-            self._flush()  # all that dispatch_pending does with nothing to route
-            return more
         return self.dispatch_pending(limit=adm.routes_per_turn) or more
 
     def drain_workers(self) -> bool:
@@ -315,6 +312,8 @@ class Router:
             self._flush()
 
     def _dispatch(self, limit: int | None) -> bool:
+        if not self.pending:  # most turns: nothing waits, not even for a clock read
+            return False
         now, routed = time.monotonic(), 0
         while self.pending:
             req = self.pending[0]

@@ -222,7 +222,7 @@ def annotate(
                         arrivals,
                         book,
                         wl.seeds_prefix,
-                    )  # fmt: skip
+                    )
                     for _, run in same
                 ]
                 bests = [x.best([o], budget) if "" not in o else None
