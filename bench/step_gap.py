@@ -57,6 +57,7 @@ import click
 from tandem.common import protocol as p
 from tandem.common.affinity import parse_cpus
 from tandem.common.protocol import SamplingParams
+from tandem.common.steptime import center
 from tandem.workers.engine import Engine
 from tandem.workers.io import WorkerLink, start_link
 from tandem.workers.profiler import _engine, _prompt
@@ -205,19 +206,12 @@ def run_mode(
         "steps_at_batch": len(samples),
         "median_ms": 1e3 * statistics.median(samples) if samples else None,
         "p90_ms": 1e3 * sorted(samples)[int(0.9 * (len(samples) - 1))] if samples else None,
-        # What a run of steps takes per step (the router prices the median: a right
-        # skew makes it optimistic), and the mean with a tenth cut off each end.
+        # What a run of steps takes per step, and what the router prices it at
+        # (common.steptime.center: the mean with a tenth cut off each end).
         "mean_ms": 1e3 * statistics.fmean(samples) if samples else None,
-        "trimmed_mean_ms": 1e3 * _trimmed_mean(samples) if samples else None,
+        "trimmed_mean_ms": 1e3 * center(samples) if samples else None,
         "request_host_s": engine.timer.request_s,
     }
-
-
-def _trimmed_mean(samples: list[float], cut: float = 0.1) -> float:
-    """The mean of ``samples`` without the lowest and highest ``cut`` of them."""
-    ordered = sorted(samples)
-    k = int(cut * len(ordered))
-    return statistics.fmean(ordered[k : len(ordered) - k])
 
 
 def _mask_modes(backend: Any, mode: str) -> Any:

@@ -5,8 +5,14 @@ router (which prices with the result):
 
 - ``StepStats`` (worker side) keeps, per decode batch size, a bounded window of
   step seconds and the context the batch decoded at; per prefill chunk size
-  (power-of-two buckets) a window of prefill tok/s. Estimates are medians, so a
-  JIT step or one stall among a window's samples barely moves them.
+  (power-of-two buckets) a window of prefill tok/s. Estimates are trimmed means
+  (``center``: a tenth cut off each end, the median below ``TRIM_MIN`` samples),
+  so a JIT step or a few stalls in a window cannot move them, while a right skew
+  that recurs — a GPU whose step takes 1.5-2x its median every few steps — is
+  priced as a run of steps pays it: a burst lasts the *sum* of its steps, and a
+  median prices that sum short under a right skew (priced on medians, the twin
+  replayed the H200's bursts 14-18 % faster than the box served them,
+  docs/results/h200/matrix-warm5/).
 - ``StepModel`` is the compact wire form (a few short lists) with strict
   validation: finite, positive, bounded lengths. Both sides build it only
   through ``__post_init__``, so a bad heartbeat cannot reach routing.
@@ -37,6 +43,8 @@ WINDOW = 64  # samples kept per batch size / chunk bucket
 COUNT_CAP = 1_000_000  # sample counters stop here (they only weigh evidence)
 MIN_CONTEXT_SPAN = 32  # context tokens per row two samples must differ by to give a slope
 MIN_PREFILL_SHARE = 0.25  # a mixed step counts for prefill when prefill took >= this share
+TRIM = 0.1  # share of a window cut off each end before averaging (at least one sample)
+TRIM_MIN = 10  # fewer samples than this: the median (a mean of few says little)
 
 
 # Wire key -> StepModel field: short keys keep heartbeats small.
@@ -69,12 +77,13 @@ class StepModel:
     """A worker's measured step costs (wire form: ``to_wire`` / ``from_wire``).
 
     decode_batch: batch sizes with samples (strictly increasing, 1..MAX_BATCH).
-    decode_step_s: median seconds of one decode step at each, at ``context`` tokens
+    decode_step_s: seconds of one decode step at each (``center``), at ``context`` tokens
         of context per row. decode_samples: steps seen at each (evidence weight).
     context: tokens of context per decoding row the step seconds are quoted at.
     context_s: extra seconds per step per context token per row (>= 0).
     prefill_chunk: chunk buckets (upper bound of prompt tokens computed in a step,
-        strictly increasing); prefill_tok_s: median rate in each; prefill_samples.
+        strictly increasing); prefill_tok_s: rate in each (``center`` of seconds per
+        token, inverted: what a run of chunks takes); prefill_samples.
     """
 
     decode_batch: tuple[int, ...] = ()
@@ -230,7 +239,7 @@ class StepStats:
         w = self.decode.get(batch)
         if w is None or len(w.samples) < 3:
             return None
-        return statistics.median(s for s, _ in w.samples)
+        return center([s for s, _ in w.samples])
 
     def model(self) -> StepModel:
         """The current estimates in wire form (empty lists while nothing is known)."""
@@ -241,7 +250,7 @@ class StepStats:
         steps = []
         for b in batches:
             at_ctx = [s + k * b * (ctx - x) for s, x in self.decode[b].samples]
-            steps.append(max(1e-9, statistics.median(at_ctx)))
+            steps.append(max(1e-9, center(at_ctx)))
         chunks = sorted(self.prefill)
         return StepModel(
             decode_batch=tuple(batches),
@@ -251,11 +260,23 @@ class StepStats:
             context_s=min(1.0, k),
             prefill_chunk=tuple(chunks),
             prefill_tok_s=tuple(
-                min(MAX_TOK_S, statistics.median(r for r, _ in self.prefill[c].samples))
+                min(MAX_TOK_S, 1.0 / center([1.0 / r for r, _ in self.prefill[c].samples]))
                 for c in chunks
             ),
             prefill_samples=tuple(self.prefill[c].seen for c in chunks),
         )
+
+
+def center(values: Sequence[float]) -> float:
+    """What one sample of a run of them costs, robustly: the mean of ``values``
+    without the lowest and highest ``TRIM`` of them (at least one each end); the
+    median while there are fewer than ``TRIM_MIN``. A stall or two in a window is
+    cut off; a skew that recurs in more than a tenth of the samples is priced."""
+    n = len(values)
+    if n < TRIM_MIN:
+        return statistics.median(values)
+    k = max(1, math.ceil(TRIM * n))
+    return statistics.fmean(sorted(values)[k : n - k])
 
 
 def context_slope(decode: dict[int, _Window]) -> float:

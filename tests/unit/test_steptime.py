@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tandem.common.ratefit import fit_decode_rates, suspicious_points
-from tandem.common.steptime import MAX_POINTS, WINDOW, StepModel, StepStats
+from tandem.common.steptime import MAX_POINTS, WINDOW, StepModel, StepStats, center
 
 H200_OUTLIER = [180, 11, 332, 560, 632, 748, 656, 698, 653, 571, 622, 793, 502, 606, 481, 529]
 
@@ -92,7 +92,7 @@ def test_suspicious_points_name_stalls_and_spikes() -> None:
 
 
 # ------------------------------------------------------------ worker-side statistics
-def test_decode_steps_give_median_step_seconds_by_batch_size() -> None:
+def test_decode_steps_give_robust_step_seconds_by_batch_size() -> None:
     s = StepStats()
     for _ in range(10):
         s.record(batch=1, context_tokens=100, prefill_tokens=0, seconds=0.010)
@@ -107,13 +107,41 @@ def test_decode_steps_give_median_step_seconds_by_batch_size() -> None:
 
 @given(st.lists(st.floats(0.005, 0.006), min_size=3, max_size=WINDOW - 1),
        st.floats(1e-6, 100.0))  # fmt: skip
-def test_one_stalled_step_cannot_move_the_median_outside_the_clean_samples(clean, stall) -> None:
+def test_one_stalled_step_cannot_move_the_estimate_outside_the_clean_samples(clean, stall) -> None:
     s = StepStats()
     for x in clean:
         s.record(2, 200, 0, x)
     s.record(2, 200, 0, stall)
     (step,) = s.model().decode_step_s
     assert min(clean) <= step <= max(clean)
+
+
+def test_a_recurring_right_skew_is_priced_as_a_run_of_steps_pays_it() -> None:
+    """Every third step at 2x (the GPU's p90 ran up to 2x its median on the H200):
+    a run of 60 steps takes 60 x 13.3 ms; a median would price it at 10 ms."""
+    s = StepStats()
+    for i in range(60):
+        s.record(8, 800, 0, 0.020 if i % 3 == 0 else 0.010)
+    (step,) = s.model().decode_step_s
+    assert step == pytest.approx(0.010 + 0.010 * 14 / 48)  # 6 cut each end of 60: 14 of 48 slow
+    assert step > 0.0125
+
+
+def test_a_few_stalls_are_cut_off_and_few_samples_take_the_median() -> None:
+    assert center([0.01, 0.01, 5.0]) == 0.01  # below TRIM_MIN: the median
+    assert center([0.01] * 18 + [5.0, 7.0]) == pytest.approx(0.01)  # 2 of 20 cut each end
+    assert center([0.001, 0.001] + [0.01] * 18) == pytest.approx(0.01)
+    assert center([float(i) for i in range(1, 11)]) == pytest.approx(5.5)
+
+
+def test_prefill_rates_average_seconds_per_token_not_rates() -> None:
+    """Chunks at 10k and 40k tok/s alternately take 62.5 us/token on average:
+    16k tok/s, not the 25k a mean of the rates would claim."""
+    s = StepStats()
+    for i in range(20):
+        s.record(0, 0, 256, 256 / (10_000 if i % 2 else 40_000))
+    (rate,) = s.model().prefill_tok_s
+    assert rate == pytest.approx(16_000)
 
 
 def test_context_slope_separates_batch_cost_from_context_cost() -> None:
