@@ -5,12 +5,12 @@ router (which prices with the result):
 
 - ``StepStats`` (worker side) keeps, per decode batch size, a bounded window of
   step seconds and the context the batch decoded at; per prefill chunk size
-  (power-of-two buckets) a window of prefill tok/s. Estimates are trimmed means
-  (``center``: a tenth cut off each end, the median below ``TRIM_MIN`` samples),
-  so a JIT step or a few stalls in a window cannot move them, while a right skew
-  that recurs — a GPU whose step takes 1.5-2x its median every few steps — is
-  priced as a run of steps pays it: a burst lasts the *sum* of its steps, and a
-  median prices that sum short under a right skew (priced on medians, the twin
+  (power-of-two buckets) a window of prefill tok/s. Estimates are clipped means
+  (``center``: each sample counted at most ``CLIP`` times the window's median, the
+  median below ``TRIM_MIN`` samples), so a JIT step or a stall in a window barely
+  moves them, while a right skew that recurs — a GPU whose slowest steps take 2-3x
+  its median — is priced as a run of steps pays it: a burst lasts the *sum* of its
+  steps, and a median prices that sum short under a right skew (priced on medians, the twin
   replayed the H200's bursts 14-18 % faster than the box served them,
   docs/results/h200/matrix-warm5/).
 - ``StepModel`` is the compact wire form (a few short lists) with strict
@@ -42,8 +42,10 @@ MAX_CONTEXT = 10_000_000
 WINDOW = 64  # samples kept per batch size / chunk bucket
 COUNT_CAP = 1_000_000  # sample counters stop here (they only weigh evidence)
 MIN_CONTEXT_SPAN = 32  # context tokens per row two samples must differ by to give a slope
+MIN_SLOPE_PAIRS = 8  # fewer such pairs: no slope (one pair once zeroed a batch-16 step)
+MIN_AFTER_CONTEXT = 0.25  # moving a sample to another context leaves at least this share of it
 MIN_PREFILL_SHARE = 0.25  # a mixed step counts for prefill when prefill took >= this share
-TRIM = 0.1  # share of a window cut off each end before averaging (at least one sample)
+CLIP = 4.0  # a sample counts for at most this many times its window's median
 TRIM_MIN = 10  # fewer samples than this: the median (a mean of few says little)
 
 
@@ -249,7 +251,9 @@ class StepStats:
         batches = sorted(self.decode)
         steps = []
         for b in batches:
-            at_ctx = [s + k * b * (ctx - x) for s, x in self.decode[b].samples]
+            at_ctx = [
+                max(MIN_AFTER_CONTEXT * s, s + k * b * (ctx - x)) for s, x in self.decode[b].samples
+            ]
             steps.append(max(1e-9, center(at_ctx)))
         chunks = sorted(self.prefill)
         return StepModel(
@@ -268,15 +272,19 @@ class StepStats:
 
 
 def center(values: Sequence[float]) -> float:
-    """What one sample of a run of them costs, robustly: the mean of ``values``
-    without the lowest and highest ``TRIM`` of them (at least one each end); the
-    median while there are fewer than ``TRIM_MIN``. A stall or two in a window is
-    cut off; a skew that recurs in more than a tenth of the samples is priced."""
+    """What one sample costs in a run of them, robustly: the mean of ``values`` with
+    each clipped at ``CLIP`` times their median; the median while there are fewer
+    than ``TRIM_MIN``. A tail that recurs (the H200 GPU's slowest tenth of decode
+    steps averaged 1.4-2.7x its median step) is priced in full, while one stall, however
+    long, moves a window of n samples by at most (CLIP - 1) / n of the median.
+    A trimmed mean would not do: cutting a tenth off each end cut the GPU's whole
+    tail (trimmed mean / median 0.98-1.04 where mean / median ran 1.01-1.19)."""
     n = len(values)
+    mid = statistics.median(values)
     if n < TRIM_MIN:
-        return statistics.median(values)
-    k = max(1, math.ceil(TRIM * n))
-    return statistics.fmean(sorted(values)[k : n - k])
+        return mid
+    cap = CLIP * mid
+    return statistics.fmean(min(x, cap) for x in values)
 
 
 def context_slope(decode: dict[int, _Window]) -> float:
@@ -286,7 +294,10 @@ def context_slope(decode: dict[int, _Window]) -> float:
     half a window further on (when their contexts differ by MIN_CONTEXT_SPAN or
     more); the slope is the median over all pairs of all batch sizes, each pair's
     seconds difference divided by its extra context tokens summed over the rows.
-    Medians of pairwise slopes (Theil–Sen) ignore a minority of stalled steps.
+    Medians of pairwise slopes (Theil–Sen) ignore a minority of stalled steps; with
+    fewer than ``MIN_SLOPE_PAIRS`` pairs there is no slope. One pair is one accident:
+    in the twin, a GPU whose every 5th step ran 2x measured at start a slope from a
+    single pair of batch-4 steps that, quoted at batch 16, priced its step at ~0 s.
     """
     slopes = []
     for b, w in decode.items():
@@ -295,4 +306,4 @@ def context_slope(decode: dict[int, _Window]) -> float:
         for (s0, x0), (s1, x1) in zip(pts, pts[half:], strict=False):
             if x1 - x0 >= MIN_CONTEXT_SPAN:
                 slopes.append((s1 - s0) / (b * (x1 - x0)))
-    return max(0.0, statistics.median(slopes)) if slopes else 0.0
+    return max(0.0, statistics.median(slopes)) if len(slopes) >= MIN_SLOPE_PAIRS else 0.0

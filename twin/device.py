@@ -6,6 +6,10 @@ but instead of sleeping it moves its owner's virtual clock forward by the cost
 of each step. The engine around it is the real one, so queueing, admission,
 chunked prefill, batching and the prefix cache behave as in a worker process.
 
+A ``Tail`` makes the device's step costs right-skewed, as the H200's GPU ran
+(its slowest tenth of decode steps 1.4-2.7x its median step): every ``every``-th
+step costs ``x`` times the profile's. Deterministic, so replays stay comparable.
+
 It carries no tokenizer (the twin never detokenizes for a person): every token
 is one placeholder byte, and no id is an end-of-generation id, so requests run
 to ``max_tokens`` as with ``ignore_eos``.
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from tandem.workers.backends.sim import SimProfile, sampled
@@ -31,6 +36,32 @@ class Clocked(Protocol):
     now: float
 
 
+@dataclass(frozen=True)
+class Tail:
+    """Every ``every``-th step of a device costs ``x`` times what its profile says."""
+
+    every: int
+    x: float
+
+    def __post_init__(self) -> None:
+        if self.every < 2 or not self.x > 0:
+            raise ValueError("a tail needs every >= 2 and x > 0")
+
+    @property
+    def mean_factor(self) -> float:
+        """A long run of steps costs this many times the profile's."""
+        return (self.every - 1 + self.x) / self.every
+
+    def steady(self, profile: SimProfile) -> SimProfile:
+        """A device without the tail that runs a long run of steps in the same time."""
+        f = self.mean_factor
+        return replace(
+            profile,
+            prefill_tok_s=profile.prefill_tok_s / f,
+            decode_step_s=tuple(s * f for s in profile.decode_step_s),
+        )
+
+
 class TwinDevice:
     """Backend over a SimProfile whose steps advance ``owner.now`` instead of sleeping."""
 
@@ -39,8 +70,12 @@ class TwinDevice:
     vocab_size = VOCAB_SIZE
     tokenizer_spec = None
 
-    def __init__(self, profile: SimProfile, owner: Clocked, n_ctx: int = 1 << 30) -> None:
+    def __init__(
+        self, profile: SimProfile, owner: Clocked, n_ctx: int = 1 << 30, tail: Tail | None = None
+    ) -> None:
         self.profile = profile
+        self.tail = tail
+        self.steps = 0
         self.device = f"sim-{profile.name}"
         self.owner = owner
         self.n_ctx = n_ctx
@@ -54,6 +89,9 @@ class TwinDevice:
 
     def run(self, decode: list[Request], prefill: list[tuple[Request, int]]) -> dict[str, int]:
         cost_s = self.profile.cost_s(sum(n for _, n in prefill), len(decode))
+        self.steps += 1
+        if self.tail is not None and self.steps % self.tail.every == 0:
+            cost_s *= self.tail.x
         self.owner.now += cost_s
         self.busy_s += cost_s
         return sampled(decode, prefill, self._token)

@@ -15,7 +15,7 @@ from typing import Any
 from tandem.bench.driver import LEAD_S, RequestRecord
 from tandem.bench.workload import Arrival, PromptBook
 from tandem.common import protocol as p
-from tandem.twin.device import TwinDevice
+from tandem.twin.device import Tail, TwinDevice
 from tandem.twin.router import TwinRouter
 from tandem.twin.world import NO_DELAY, Links, TwinWorker, World
 from tandem.workers.backends.sim import SimProfile
@@ -42,6 +42,7 @@ class TwinWorkerSpec:
     step_tokens: int = 256
     heartbeat_s: float = 0.5
     n_ctx: int = 1 << 20
+    tail: Tail | None = None  # its steps right-skewed (twin/device.py)
 
     def __post_init__(self) -> None:
         if not self.worker_id or self.max_active < 1 or self.heartbeat_s <= 0:
@@ -96,7 +97,7 @@ def replay(
 
     def join(spec: TwinWorkerSpec) -> None:
         w = workers[spec.worker_id] = TwinWorker(
-            world, spec.worker_id, spec.profile, spec.engine(), to_router, links
+            world, spec.worker_id, spec.profile, spec.engine(), to_router, links, spec.tail
         )
         w.now = world.now
         rates = (spec.advertised[0], list(spec.advertised[1])) if spec.advertised else None
@@ -143,7 +144,7 @@ def _warm_up(spec: TwinWorkerSpec) -> WarmUp:
     """The worker's start-up measurement on a device of its own, on its own clock
     (before it registers, so the world's clock does not move)."""
     owner = _Scratch()
-    device = TwinDevice(spec.profile, owner, spec.n_ctx)
+    device = TwinDevice(spec.profile, owner, spec.n_ctx, spec.tail)
     return warm_up(
         device, spec.max_active, spec.step_tokens, compile_pass=False, clock=lambda: owner.now
     )

@@ -1,10 +1,14 @@
 """The robustness suite: can a policy be fooled by what the router believes?
 
-Each scenario changes what the router is told or when, never what the devices
-do (the sim profiles stay the truth): advertised rates with +-30 % noise, one
-outlier entry (the GPU's batch-2 decode at 11 tok/s, as a real profile once
+Each scenario but one changes what the router is told or when, never what the
+devices do (the sim profiles stay the truth): advertised rates with +-30 % noise,
+one outlier entry (the GPU's batch-2 decode at 11 tok/s, as a real profile once
 said), the GPU's batch scaling understated 2x, heartbeats a period late, and a
-worker (the GPU) joining after the burst began. Every policy runs every
+worker (the GPU) joining after the burst began. The one that changes a device:
+the GPU's steps right-skewed (every 5th step 2x, a run of steps 1.2x what the
+profile says, as the H200's GPU ran), advertised at the profile's rates, against
+a steady GPU as fast on a long run — whether the live step model prices a skew
+as a run of steps pays it (a median does not: twin/device.py ``Tail``). Every policy runs every
 scenario on the same bursts in the twin; a scenario's result is compared with
 the same policy under correct prices (``vs_correct``; for the late join, whose
 fleet differs, that is the late join with correct prices) and with
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.bench.workload import PromptBook, Workload
+from tandem.twin.device import Tail
 from tandem.twin.replay import TwinWorkerSpec, replay
 from tandem.twin.sim import router_options
 from tandem.twin.world import NO_DELAY, Links
@@ -93,10 +98,14 @@ class Scenario:
     fleet: Callable[[Fleet], Fleet] = lambda f: f
     links: Links = NO_DELAY
     join_gpu_s: float | None = None  # the GPU joins this long after the first arrival
+    gpu_tail: Tail | None = None  # the GPU's steps right-skewed (what it does, not says)
+    steady_gpu: Tail | None = None  # the GPU as fast on a long run as with this tail, unskewed
 
     def reference(self) -> Scenario:
-        """The same conditions with correct prices and fresh heartbeats."""
-        return Scenario("correct", join_gpu_s=self.join_gpu_s)
+        """The same conditions with correct prices and fresh heartbeats (for a skewed
+        GPU: a steady one that takes as long over a run of steps, told its rates)."""
+        name = "correct@steady" if self.gpu_tail else "correct"
+        return Scenario(name, join_gpu_s=self.join_gpu_s, steady_gpu=self.gpu_tail)
 
 
 SCENARIOS = (
@@ -106,6 +115,7 @@ SCENARIOS = (
     Scenario("gpu scaling /2", understated),
     Scenario("heartbeats +1 period", links=Links(heartbeat_delay_s=HEARTBEAT_S)),
     Scenario("gpu joins at 0.3 s", join_gpu_s=0.3),
+    Scenario("gpu steps skewed", gpu_tail=Tail(every=5, x=2.0)),
 )
 
 
@@ -156,6 +166,10 @@ def makespan(case: Case, scenario: Scenario, policy: str, encode: Any) -> tuple[
     """(makespan s, requests on the CPU) of one replay; ``policy`` as the bench writes it
     (``finish_time+static``: without calibration)."""
     fleet = scenario.fleet(case.fleet())
+    if (tail := scenario.gpu_tail) is not None:
+        fleet = _on_gpu(fleet, lambda s: dataclasses.replace(s, tail=tail))
+    if (steady := scenario.steady_gpu) is not None:
+        fleet = _on_gpu(fleet, lambda s: dataclasses.replace(s, profile=steady.steady(s.profile)))
     if scenario.join_gpu_s is not None:
         fleet = _on_gpu(fleet, lambda s: dataclasses.replace(s, join_s=scenario.join_gpu_s))
     wl = case.workload()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.common import protocol as p
-from tandem.twin.device import TwinDevice
+from tandem.twin.device import Tail, TwinDevice
 from tandem.workers.backends.sim import SimProfile
 from tandem.workers.engine import Engine, EngineConfig
 
@@ -77,11 +77,12 @@ class TwinWorker:
         engine: EngineConfig,
         deliver: Callable[[str, list[p.Message]], None],
         links: Links,
+        tail: Tail | None = None,
     ) -> None:
         self.world = world
         self.worker_id = worker_id
         self.now = 0.0
-        self.device = TwinDevice(profile, self)
+        self.device = TwinDevice(profile, self, tail=tail)
         self.inbox: queue.SimpleQueue[p.Message] = queue.SimpleQueue()
         self._out: list[p.Message] = []
         self.engine = Engine(self.device, engine, self._out.append, worker_id, clock=self._clock)

@@ -3,7 +3,9 @@
 The full suite (8 cases) runs with ``tandem sim robustness``; its numbers are in
 docs/results/twin/. Here one 16-burst (GPU max active 8) holds the bar of issue
 13 for the default policy: within 5 % of its correctly priced makespan and never
-more than 2 % worse than least_loaded, except where noted.
+more than 2 % worse than least_loaded, except where noted. The skewed GPU (every
+5th step 2x) held neither bar with median step estimates (+5.5 % vs a steady GPU
+as fast on a run of steps); with clipped means it is +0.1 %.
 """
 
 from __future__ import annotations
@@ -11,7 +13,12 @@ from __future__ import annotations
 import pytest
 
 from tandem.broker.policies import DEFAULT_POLICY
-from tandem.twin.robustness import LIMIT_VS_CORRECT, LIMIT_VS_LEAST_LOADED, run_suite
+from tandem.twin.robustness import (
+    LIMIT_VS_CORRECT,
+    LIMIT_VS_LEAST_LOADED,
+    SCENARIOS,
+    run_suite,
+)
 
 # None since the GPU measures itself at start (workers.profiler.warm_up): its understated
 # batch scaling (+17.6 % vs correct prices here before) is replaced by what it measured.
@@ -29,7 +36,7 @@ def rows():
 
 def test_the_default_is_never_worse_than_least_loaded(rows):
     mine = [r for r in rows if r["policy"] == DEFAULT_POLICY]
-    assert len(mine) == 8
+    assert len(mine) == len(SCENARIOS)
     assert all(r["vs_least_loaded"] <= LIMIT_VS_LEAST_LOADED for r in mine), mine
 
 
@@ -39,3 +46,5 @@ def test_the_default_stays_near_its_correctly_priced_result(rows):
     assert held | KNOWN_MISSES >= {r["scenario"] for r in mine}
     outlier = next(r for r in mine if r["scenario"].startswith("outlier"))
     assert outlier["vs_correct"] <= LIMIT_VS_CORRECT  # the 11 tok/s profile entry is harmless
+    skewed = next(r for r in mine if r["scenario"] == "gpu steps skewed")
+    assert skewed["vs_correct"] <= LIMIT_VS_CORRECT  # priced as a run of its steps pays
