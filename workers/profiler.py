@@ -43,7 +43,7 @@ from tandem.workers.request import Request, Status
 _FIRST_PROMPT_ID = 256  # random prompts avoid control tokens
 WARM_PROMPT_TOKENS = 16
 WARMUP_CONTEXT = 512  # the profile's default decode context: measured alike, comparable
-WARMUP_STEPS = 8  # decode steps measured per batch size at start (medians: stalls vanish)
+WARMUP_STEPS = 8  # decode steps measured per batch size at start (a stall counts for <= 4 steps)
 SKIP_STEPS = 2  # decode steps at a new batch size left out of the timing
 MIN_REPEATS = 3  # samples per batch size: a median of 3 outvotes one stall
 # The warm-up's decode rows differ in length by this many tokens each, as serving's
@@ -192,10 +192,11 @@ def warm_up(
     prefill chunk plus a partial one, and ``measure_steps`` decode steps at batch
     sizes 1, 2, 4, ... and ``max_active`` after prompts of about ``context`` tokens
     (the context serving decodes at; the profile's own), rows of unequal length
-    (``RAGGED_TOKENS``) as in serving. Step medians make one stall
-    harmless. The worker folds the result into the rates it advertises and hands
-    the statistics to its serving engine, so the router's live model starts with
-    them instead of a profile's word or a guess.
+    (``RAGGED_TOKENS``) as in serving. The step model's clipped means count a
+    stall as at most 4 median steps (common/steptime.py). The worker folds the
+    result into the rates it advertises and hands the statistics to its serving
+    engine, so the router's live model starts with them instead of a profile's
+    word or a guess.
     """
     t0 = clock()
     context = max(2, min(context, backend.n_ctx // max(1, max_active) - measure_steps - 64))
