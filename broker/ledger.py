@@ -170,8 +170,10 @@ class _Pool:
         (prompt + ``budget``) does not fit (``WorkerState.fits``); whether any is None."""
         if total <= self.min_ctx and budget <= self.min_limit:
             return self.views.copy(), self.full > 0
+        # Some worker is smaller than the request (rare): ask each, by the one rule.
+        prompt = total - budget
         out = [
-            v if total <= w.info.n_ctx and budget <= w.info.max_tokens_limit else None
+            v if w.fits(prompt, budget) else None
             for v, w in zip(self.views, self.workers, strict=True)
         ]
         return out, True

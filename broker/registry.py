@@ -204,7 +204,8 @@ class WorkerState:
         )
 
     def fits(self, prompt_tokens: int, max_tokens: int) -> bool:
-        # Also in broker/ledger.py _Pool.fitting (and its min_ctx/min_limit): change both.
+        # broker/ledger.py _Pool.fitting skips this call when the request fits the
+        # smallest n_ctx and max_tokens_limit of all workers: keep the two in step.
         return (
             prompt_tokens + max_tokens <= self.info.n_ctx
             and max_tokens <= self.info.max_tokens_limit

@@ -434,3 +434,23 @@ def test_an_accepted_waits_briefly_to_leave_with_the_first_output(tmp_path: Path
         assert h.router._poll_ms() == 100  # nothing held: the loop's usual wait
     finally:
         h.close()
+
+
+def test_a_request_only_some_workers_fit_is_offered_to_those(h: Harness) -> None:
+    """The candidates' fast path skips the per-worker fit when the request fits the
+    smallest worker; past it each worker answers by WorkerState.fits."""
+    spec = _ready(h, "big", with_spec=True)
+    assert isinstance(_register(h, spec), p.Welcome)
+    small = dataclasses.replace(spec, worker_id="small", n_ctx=256, max_tokens_limit=64)
+    assert isinstance(_register(h, small), p.Welcome)
+    workers = h.router.workers.values()
+
+    def offered(prompt: int, budget: int) -> set[str]:
+        tokens = list(range(1, prompt + 1))
+        views = h.router.views.candidates(workers, PromptBlocks(tokens), prompt, budget)
+        return {v.id for v in views}
+
+    assert offered(100, 32) == {"big", "small"}  # fits both: the fast path
+    assert offered(300, 32) == {"big"}  # past the small one's context
+    assert offered(100, 100) == {"big"}  # past its max_tokens_limit
+    assert offered(9000, 32) == set()  # fits no one
