@@ -9,10 +9,10 @@ router (which prices with the result):
   (``center``: each sample counted at most ``CLIP`` times the window's median, the
   median below ``TRIM_MIN`` samples), so a JIT step or a stall in a window barely
   moves them, while a right skew that recurs — a GPU whose slowest steps take 2-3x
-  its median — is priced as a run of steps pays it: a burst lasts the *sum* of its
-  steps, and a median prices that sum short under a right skew (priced on medians, the twin
-  replayed the H200's bursts 14-18 % faster than the box served them,
-  docs/results/h200/matrix-warm5/).
+  its median — is priced as a run of steps pays it: a burst lasts the *sum* of
+  its steps, and a median prices that sum short under a right skew (priced on
+  medians, the twin replayed the H200's bursts 14-18 % faster than the box served
+  them: docs/results/h200/matrix-warm5/, matrix-warm6/).
 - ``StepModel`` is the compact wire form (a few short lists) with strict
   validation: finite, positive, bounded lengths. Both sides build it only
   through ``__post_init__``, so a bad heartbeat cannot reach routing.
@@ -275,8 +275,9 @@ def center(values: Sequence[float]) -> float:
     """What one sample costs in a run of them, robustly: the mean of ``values`` with
     each clipped at ``CLIP`` times their median; the median while there are fewer
     than ``TRIM_MIN``. A tail that recurs (the H200 GPU's slowest tenth of decode
-    steps averaged 1.4-2.7x its median step) is priced in full, while one stall, however
-    long, moves a window of n samples by at most (CLIP - 1) / n of the median.
+    steps averaged 1.4-2.7x its median step) is priced in full, while one stall,
+    however long, moves a window of n samples by at most (CLIP - 1) / n of the
+    median.
     A trimmed mean would not do: cutting a tenth off each end cut the GPU's whole
     tail (trimmed mean / median 0.98-1.04 where mean / median ran 1.01-1.19)."""
     n = len(values)

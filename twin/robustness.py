@@ -8,11 +8,12 @@ worker (the GPU) joining after the burst began. The one that changes a device:
 the GPU's steps right-skewed (every 5th step 2x, a run of steps 1.2x what the
 profile says, as the H200's GPU ran), advertised at the profile's rates, against
 a steady GPU as fast on a long run — whether the live step model prices a skew
-as a run of steps pays it (a median does not: twin/device.py ``Tail``). Every policy runs every
-scenario on the same bursts in the twin; a scenario's result is compared with
-the same policy under correct prices (``vs_correct``; for the late join, whose
-fleet differs, that is the late join with correct prices) and with
-``least_loaded`` in the same scenario (``vs_least_loaded``).
+as a run of steps pays it (a median does not: twin/device.py ``Tail``). Every
+policy runs every scenario on the same bursts in the twin; a scenario's result
+is compared with the same policy under correct prices (``vs_correct``; for the
+late join, whose fleet differs, that is the late join with correct prices; for
+the skewed GPU, the steady one) and with ``least_loaded`` in the same scenario
+(``vs_least_loaded``).
 
 The bar (issue 13): the default policy within 5 % of its correctly priced
 makespan and never more than 2 % worse than least_loaded.
