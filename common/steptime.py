@@ -7,12 +7,14 @@ router (which prices with the result):
   step seconds and the context the batch decoded at; per prefill chunk size
   (power-of-two buckets) a window of prefill tok/s. Estimates are clipped means
   (``center``: each sample counted at most ``CLIP`` times the window's median, the
-  median below ``TRIM_MIN`` samples), so a JIT step or a stall in a window barely
-  moves them, while a right skew that recurs — a GPU whose slowest steps take 2-3x
-  its median — is priced as a run of steps pays it: a burst lasts the *sum* of
-  its steps, and a median prices that sum short under a right skew (priced on
-  medians, the twin replayed the H200's bursts 14-18 % faster than the box served
-  them: docs/results/h200/matrix-warm5/, matrix-warm6/).
+  median below ``TRIM_MIN`` samples); a window whose last 16 samples run 25 % off
+  its older ones keeps only its newest (the device changed speed: ``_Window``). So a
+  JIT step or a stall in a window barely moves them, while a right skew that
+  recurs — a GPU whose slowest steps take 2-3x its median — is priced as a run
+  of steps pays it: a burst lasts the *sum* of its steps, and a median prices that
+  sum short under a right skew (priced on medians, the twin replayed the H200's
+  bursts 14-18 % faster than the box served them: docs/results/h200/matrix-warm5/,
+  matrix-warm6/).
 - ``StepModel`` is the compact wire form (a few short lists) with strict
   validation: finite, positive, bounded lengths. Both sides build it only
   through ``__post_init__``, so a bad heartbeat cannot reach routing.
@@ -46,6 +48,9 @@ MIN_SLOPE_PAIRS = 8  # fewer such pairs: no slope (one pair once zeroed a batch-
 MIN_AFTER_CONTEXT = 0.25  # moving a sample to another context leaves at least this share of it
 MIN_PREFILL_SHARE = 0.25  # a mixed step counts for prefill when prefill took >= this share
 CLIP = 4.0  # a sample counts for at most this many times its window's median
+SHIFT = 0.25  # recent samples' median this far off the older ones': the device changed speed
+SHIFT_RECENT = 16  # samples a shift is judged on
+SHIFT_EVERY = 8  # samples between shift checks (each reads the window); kept after a shift
 TRIM_MIN = 10  # fewer samples than this: the median (a mean of few says little)
 
 
@@ -192,6 +197,22 @@ class _Window:
     def add(self, value: float, context: float = 0.0) -> None:
         self.samples.append((value, context))
         self.seen = min(COUNT_CAP, self.seen + 1)
+        if self.seen % SHIFT_EVERY == 0 and len(self.samples) >= 2 * SHIFT_RECENT:
+            self._follow_a_shift()
+
+    def _follow_a_shift(self) -> None:
+        """When the last ``SHIFT_RECENT`` samples' median is ``SHIFT`` or more off the
+        older samples' median, the device changed speed: keep only the samples since
+        the last check (the median of 16 moves once about half are new, so those
+        are). A window mixing two speeds would move to the new one a sample at a
+        time (half a window to be halfway there); a median of 16 is moved by no
+        stall shorter than 8 steps, and a tail that recurs sits on both sides alike."""
+        values = [v for v, _ in self.samples]
+        cut = len(values) - SHIFT_RECENT
+        ratio = statistics.median(values[cut:]) / statistics.median(values[:cut])
+        if ratio >= 1 + SHIFT or ratio <= 1 / (1 + SHIFT):
+            for _ in range(len(values) - SHIFT_EVERY):
+                self.samples.popleft()
 
 
 class StepStats:

@@ -5,6 +5,13 @@ engine stays busy, so the host work between steps (emitting tokens, building
 heartbeats) is priced as serving pays it; the last step before the engine idles
 ends when its own work ends. Samples go to ``common.steptime.StepStats``.
 
+The model rides a heartbeat at once with a batch size the router has not seen,
+or when an estimate the router holds has moved by ``MOVED`` or more (a device
+that slowed down mid-burst: checked at most every ``MOVE_CHECK_S``); otherwise
+when it changed, at most every ``every_s``. In the twin, a GPU that slows 1.5x
+a second into a 48-burst was priced by its old speed until the burst's last
+decisions with the once-a-second cadence alone (docs/results/twin/README.md).
+
 Work that belongs to one request, not to a step — admitting it (restoring its
 cached prefix into the batch) and finishing it (storing its KV in the prefix
 cache) — is timed apart (``per_request``) and left out of the step it fell in.
@@ -20,7 +27,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tandem.common.steptime import StepStats
+from tandem.common.steptime import TRIM_MIN, StepStats, center
+
+MOVED = 0.2  # an estimate this far (relative) from the one the router holds is news
+MOVE_CHECK_S = 0.25  # the moved check runs at most this often (it reads every window)
 
 
 class StepTimer:
@@ -37,6 +47,8 @@ class StepTimer:
         self._excluded = 0.0  # per-request seconds inside the open step
         self.request_s = 0.0  # per-request seconds ever timed apart (admit + finish)
         self._sent: tuple[int, int, float] | None = None  # (version, sizes, clock time)
+        self._sent_steps: dict[int, float] = {}  # batch -> raw step estimate the router holds
+        self._checked_at = -1e300  # when the moved check last ran
 
     # ------------------------------------------------------------ timing
     def start(self, batch: int, context_tokens: int, prefill_tokens: int) -> None:
@@ -75,6 +87,7 @@ class StepTimer:
         """Start from steps measured elsewhere in this process (the warm-up's)."""
         self.stats = stats
         self._sent = None
+        self._sent_steps = {}
 
     # ------------------------------------------------------------ reporting
     def forget_sent(self) -> None:
@@ -86,16 +99,39 @@ class StepTimer:
         sent = self._sent[1] if self._sent is not None else 0
         return self.stats.sizes != sent
 
+    def _raw_steps(self) -> dict[int, float]:
+        """Each batch size's step estimate, as recorded (no context adjustment)."""
+        return {
+            b: center([x for x, _ in w.samples])
+            for b, w in self.stats.decode.items()
+            if len(w.samples) >= TRIM_MIN
+        }
+
+    def _moved(self, now: float) -> bool:
+        """Whether an estimate the router holds is ``MOVED`` off (at most every
+        ``MOVE_CHECK_S``)."""
+        if now - self._checked_at < MOVE_CHECK_S:
+            return False
+        self._checked_at = now
+        sent = self._sent_steps
+        return any(
+            abs(est / sent[b] - 1) >= MOVED for b, est in self._raw_steps().items() if b in sent
+        )
+
     def report(self) -> dict[str, Any] | None:
-        """The model's wire form when due: at once with a new batch size, else when
-        it changed (at most every ``every_s``), and every ``resend_s`` anyway."""
+        """The model's wire form when due: at once with a new batch size or a moved
+        estimate, else when it changed (at most every ``every_s``), and every
+        ``resend_s`` anyway."""
         now, version = self.clock(), self.stats.version
         if version == 0:
             return None
         if self._sent is not None and not self.has_news():
             sent_version, _, sent_at = self._sent
-            changed = version != sent_version and now - sent_at >= self.every_s
+            changed = version != sent_version and (
+                now - sent_at >= self.every_s or self._moved(now)
+            )
             if not changed and now - sent_at < self.resend_s:
                 return None
         self._sent = (version, self.stats.sizes, now)
+        self._sent_steps = self._raw_steps()
         return self.stats.model().to_wire()

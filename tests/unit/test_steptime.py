@@ -13,6 +13,7 @@ from tandem.common.steptime import (
     CLIP,
     MAX_POINTS,
     MIN_AFTER_CONTEXT,
+    SHIFT_RECENT,
     TRIM_MIN,
     WINDOW,
     StepModel,
@@ -149,6 +150,31 @@ def test_stalls_count_for_at_most_clip_medians_and_few_samples_take_the_median()
     assert stalled == pytest.approx(0.01 * (1 + 2 * (CLIP - 1) / 20))
     assert center([0.001, 0.001] + [0.01] * 18) == pytest.approx(0.0091)
     assert center([float(i) for i in range(1, 11)]) == pytest.approx(5.5)
+
+
+def test_a_device_that_changes_speed_is_followed_within_a_few_checks() -> None:
+    """A full window at 10 ms, then the device slows to 15 ms: the window keeps only
+    the recent steps once their median is 25 % off, instead of needing half a
+    window to get halfway (in the twin: a GPU slowing 1.5x mid-burst was priced at
+    its old speed until the burst's last decisions)."""
+    s = StepStats()
+    for _ in range(WINDOW):
+        s.record(4, 400, 0, 0.010)
+    for _ in range(SHIFT_RECENT):
+        s.record(4, 400, 0, 0.015)
+    (step,) = s.model().decode_step_s
+    assert step == pytest.approx(0.015)
+    assert {v for v, _ in s.decode[4].samples} == {0.015}  # the old speed is gone
+
+
+def test_a_recurring_tail_or_a_short_stall_is_no_change_of_speed() -> None:
+    s = StepStats()
+    for i in range(3 * WINDOW):  # every 5th step 2x: on both sides of any cut alike
+        s.record(8, 800, 0, 0.020 if i % 5 == 0 else 0.010)
+    assert len(s.decode[8].samples) == WINDOW
+    for _ in range(SHIFT_RECENT // 2 - 1):  # 7 stalled steps in a row: not a new speed
+        s.record(8, 800, 0, 0.5)
+    assert len(s.decode[8].samples) == WINDOW
 
 
 def test_prefill_rates_average_seconds_per_token_not_rates() -> None:
