@@ -206,13 +206,20 @@ class _Window:
         the last check (the median of 16 moves once about half are new, so those
         are). A window mixing two speeds would move to the new one a sample at a
         time (half a window to be halfway there); a median of 16 is moved by no
-        stall shorter than 8 steps, and a tail that recurs sits on both sides alike."""
+        stall shorter than 8 steps, and a tail that recurs sits on both sides alike.
+        Not when the rows' context moved by as much (long prompts after short ones):
+        the context slope prices that, and needs the window's spread of contexts."""
         values = [v for v, _ in self.samples]
         cut = len(values) - SHIFT_RECENT
         ratio = statistics.median(values[cut:]) / statistics.median(values[:cut])
-        if ratio >= 1 + SHIFT or ratio <= 1 / (1 + SHIFT):
-            for _ in range(len(values) - SHIFT_EVERY):
-                self.samples.popleft()
+        if 1 / (1 + SHIFT) < ratio < 1 + SHIFT:
+            return
+        contexts = [x for _, x in self.samples]
+        then, now = statistics.median(contexts[:cut]), statistics.median(contexts[cut:])
+        if max(then, now) > (1 + SHIFT) * max(1.0, min(then, now)):
+            return  # the rows' context moved as much: the slope's to explain, not a new speed
+        for _ in range(len(values) - SHIFT_EVERY):
+            self.samples.popleft()
 
 
 class StepStats:

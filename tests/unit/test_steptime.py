@@ -177,6 +177,17 @@ def test_a_recurring_tail_or_a_short_stall_is_no_change_of_speed() -> None:
     assert len(s.decode[8].samples) == WINDOW
 
 
+def test_a_change_of_context_is_left_to_the_slope_not_taken_for_a_new_speed() -> None:
+    """Rows at 4,000 tokens of context after rows at 500 step slower because
+    attention reads more: the window keeps both, for the slope to price."""
+    s = StepStats()
+    for _ in range(WINDOW - SHIFT_RECENT):
+        s.record(4, 4 * 500, 0, 0.010)
+    for _ in range(SHIFT_RECENT):
+        s.record(4, 4 * 4000, 0, 0.020)
+    assert len(s.decode[4].samples) == WINDOW
+
+
 def test_prefill_rates_average_seconds_per_token_not_rates() -> None:
     """Chunks at 10k and 40k tok/s alternately take 62.5 us/token on average:
     16k tok/s, not the 25k a mean of the rates would claim."""
