@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -105,8 +105,9 @@ def finish_doc(doc: dict[str, Any], out_dir: Path, t_start: float) -> dict[str, 
 
 
 def _run_group(bench: Bench, wl: Workload, max_active: int, bar: tqdm, out_dir: Path) -> dict:
-    """Calibrate, then every policy's runs (interleaved), then the CV rule's extra runs;
-    with ``reuse_workers`` all of it on one set of workers."""
+    """Calibrate, then every policy's runs (interleaved, each round in a rotated
+    order), then the CV rule's extra runs; with ``reuse_workers`` all of it on one
+    set of workers."""
     with bench.group_workers(wl, max_active):
         return _run_cases(bench, wl, max_active, bar, out_dir)
 
@@ -129,7 +130,7 @@ def _run_cases(bench: Bench, wl: Workload, max_active: int, bar: tqdm, out_dir: 
     }
     group["cases"] = list(cases.values())
 
-    def one(policy: str, run: int) -> None:
+    def one(policy: str, run: int, position: int) -> None:
         case = cases[policy]
         bar.set_description(f"{group['label']} {case['router_policy']} run {run + 1}")
         try:
@@ -139,25 +140,38 @@ def _run_cases(bench: Bench, wl: Workload, max_active: int, bar: tqdm, out_dir: 
             # and say so in the record. (Request errors during a run are kept instead.)
             res = bench.run_once(wl, max_active, case["router_policy"], run, rates["used"])
             res["retried_after"] = f"{type(exc).__name__}: {exc}"
+        res["position"] = position  # its place in its round (0: first)
         case["runs"].append(res)
         bar.update()
         bar.set_postfix(makespan=f"{res['metrics']['makespan_s']:.2f}s")
         save(bench.doc, out_dir)
 
     for run in range(cfg.runs):
-        for policy in cfg.policies:
-            one(policy, run)
+        for position, policy in enumerate(rotated(cfg.policies, run)):
+            one(policy, run, position)
     extra = [p for p in cfg.policies if stats.needs_more_runs(cases[p]["runs"])]
     bar.total += len(extra) * stats.EXTRA_RUNS
     bar.refresh()
     for run in range(cfg.runs, cfg.runs + stats.EXTRA_RUNS):
-        for policy in extra:
-            one(policy, run)
+        for position, policy in enumerate(rotated(extra, run)):
+            one(policy, run, position)
     for policy, case in cases.items():
         case["extra_runs_added"] = policy in extra
         case["summary"] = stats.summarize_runs(case["runs"])
     bench.doc["groups"].pop()  # the caller appends the finished group
     return group
+
+
+def rotated(policies: Sequence[str], run: int) -> list[str]:
+    """The order of one round: round ``run`` starts at policy ``run`` (mod their
+    number), so over as many rounds every policy runs once in every place. A
+    fixed order gives each policy the same predecessor every round — and with
+    reused workers, the predecessor's step windows and caches at its start — so a
+    place in the round would read as a policy's own speed."""
+    if not policies:
+        return []
+    k = run % len(policies)
+    return [*policies[k:], *policies[:k]]
 
 
 def write_outputs(doc: dict[str, Any], out_dir: Path) -> list[Path]:

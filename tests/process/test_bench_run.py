@@ -192,8 +192,10 @@ def test_reused_workers_serve_every_run_behind_a_fresh_router_per_policy(tmp_pat
     assert all({r["worker"] for r in run["records"]} == {"fast"} for run in forced["runs"])
     for run in rr["runs"]:
         assert sorted(r["worker"] for r in run["records"]) == ["fast", "fast", "slow", "slow"]
-    # Interleaved runs (forced, rr, forced, rr) on the same workers: fast's samples grow.
-    order = [forced["runs"][0], rr["runs"][0], forced["runs"][1], rr["runs"][1]]
+    # Interleaved, rotated rounds (forced, rr; rr, forced) on the same workers: fast's
+    # samples grow in the order the runs ran.
+    order = sorted([*forced["runs"], *rr["runs"]], key=lambda r: (r["run"], r["position"]))
+    assert order == [forced["runs"][0], rr["runs"][0], rr["runs"][1], forced["runs"][1]]
     seen = [sum(run["served_rates"]["fast"]["live_decode_samples"]) for run in order]
     assert seen == sorted(seen) and seen[-1] > seen[0], seen
     for run in order:

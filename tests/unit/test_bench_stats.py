@@ -256,3 +256,44 @@ def test_workload_validation() -> None:
         Workload(prefix_tokens=516, prompt_tokens=516)
     with pytest.raises(ValueError):
         Workload(hit_fraction=1.5)
+
+
+# ------------------------------------------------------------ run order
+def test_rounds_rotate_so_every_policy_runs_once_in_every_place() -> None:
+    from tandem.bench.run import rotated
+
+    policies = ("forced:gpu", "least_loaded", "lookahead")
+    rounds = [rotated(policies, r) for r in range(len(policies))]
+    assert rounds[0] == list(policies)
+    for r in rounds:
+        assert sorted(r) == sorted(policies)
+    for place in range(len(policies)):
+        assert {r[place] for r in rounds} == set(policies)
+    assert rotated(policies, 3) == rounds[0] and rotated([], 5) == []
+
+
+def test_a_group_runs_its_rounds_rotated_and_records_each_runs_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    import tandem.bench.run as run_mod
+
+    calls: list[tuple[str, int]] = []
+
+    def run_once(wl, max_active, policy, run, rates):  # noqa: ANN001, ANN202
+        calls.append((policy, run))
+        return {"run": run, "metrics": {"makespan_s": 1.0, "ttft_s": {"mean": 0.1},
+                                        "e2e_s": {"mean": 0.5}}}  # fmt: skip
+
+    cfg = SimpleNamespace(policies=("round_robin", "least_loaded"), runs=3)
+    bench = SimpleNamespace(cfg=cfg, doc={"groups": []}, run_once=run_once,
+                            calibrate=lambda wl, a: {"used": {}})  # fmt: skip
+    bar = SimpleNamespace(set_description=lambda *a: None, update=lambda: None,
+                          set_postfix=lambda **k: None, refresh=lambda: None, total=0)  # fmt: skip
+    monkeypatch.setattr(run_mod, "save", lambda doc, out: None)
+    group = run_mod._run_cases(bench, Workload(kind="burst", requests=2), 4, bar, None)
+    assert calls == [("round_robin", 0), ("least_loaded", 0), ("least_loaded", 1),
+                     ("round_robin", 1), ("round_robin", 2), ("least_loaded", 2)]  # fmt: skip
+    rr = next(c for c in group["cases"] if c["policy"] == "round_robin")
+    assert [r["position"] for r in rr["runs"]] == [0, 1, 0]
