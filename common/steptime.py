@@ -200,6 +200,10 @@ class _Window:
         if self.seen % SHIFT_EVERY == 0 and len(self.samples) >= 2 * SHIFT_RECENT:
             self._follow_a_shift()
 
+    def center(self) -> float:
+        """The window's estimate as recorded (``center`` of its values)."""
+        return center([v for v, _ in self.samples])
+
     def _follow_a_shift(self) -> None:
         """When the last ``SHIFT_RECENT`` samples' median is ``SHIFT`` or more off the
         older samples' median, the device changed speed: keep only the samples since
@@ -269,7 +273,12 @@ class StepStats:
         w = self.decode.get(batch)
         if w is None or len(w.samples) < 3:
             return None
-        return center([s for s, _ in w.samples])
+        return w.center()
+
+    def decode_estimates(self, min_samples: int = TRIM_MIN) -> dict[int, float]:
+        """Each batch size's step seconds as recorded (no context adjustment), where
+        its window holds ``min_samples`` or more."""
+        return {b: w.center() for b, w in self.decode.items() if len(w.samples) >= min_samples}
 
     def model(self) -> StepModel:
         """The current estimates in wire form (empty lists while nothing is known)."""

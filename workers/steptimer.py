@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tandem.common.steptime import TRIM_MIN, StepStats, center
+from tandem.common.steptime import StepStats
 
 MOVED = 0.2  # an estimate this far (relative) from the one the router holds is news
 MOVE_CHECK_S = 0.25  # the moved check runs at most this often (it reads every window)
@@ -99,24 +99,14 @@ class StepTimer:
         sent = self._sent[1] if self._sent is not None else 0
         return self.stats.sizes != sent
 
-    def _raw_steps(self) -> dict[int, float]:
-        """Each batch size's step estimate, as recorded (no context adjustment)."""
-        return {
-            b: center([x for x, _ in w.samples])
-            for b, w in self.stats.decode.items()
-            if len(w.samples) >= TRIM_MIN
-        }
-
     def _moved(self, now: float) -> bool:
         """Whether an estimate the router holds is ``MOVED`` off (at most every
         ``MOVE_CHECK_S``)."""
         if now - self._checked_at < MOVE_CHECK_S:
             return False
         self._checked_at = now
-        sent = self._sent_steps
-        return any(
-            abs(est / sent[b] - 1) >= MOVED for b, est in self._raw_steps().items() if b in sent
-        )
+        sent, now_steps = self._sent_steps, self.stats.decode_estimates()
+        return any(abs(est / sent[b] - 1) >= MOVED for b, est in now_steps.items() if b in sent)
 
     def report(self) -> dict[str, Any] | None:
         """The model's wire form when due: at once with a new batch size or a moved
@@ -133,5 +123,5 @@ class StepTimer:
             if not changed and now - sent_at < self.resend_s:
                 return None
         self._sent = (version, self.stats.sizes, now)
-        self._sent_steps = self._raw_steps()
+        self._sent_steps = self.stats.decode_estimates()
         return self.stats.model().to_wire()
