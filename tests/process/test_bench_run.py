@@ -193,9 +193,11 @@ def test_reused_workers_serve_every_run_behind_a_fresh_router_per_policy(tmp_pat
     for run in rr["runs"]:
         assert sorted(r["worker"] for r in run["records"]) == ["fast", "fast", "slow", "slow"]
     # Interleaved, rotated rounds (forced, rr; rr, forced) on the same workers: fast's
-    # samples grow in the order the runs ran.
+    # samples grow in the order the runs ran. (On a noisy machine the CV rule may add
+    # rounds after these two: they rotate too and keep the samples growing.)
     order = sorted([*forced["runs"], *rr["runs"]], key=lambda r: (r["run"], r["position"]))
-    assert order == [forced["runs"][0], rr["runs"][0], rr["runs"][1], forced["runs"][1]]
+    first_rounds = [r for r in order if r["run"] < 2]
+    assert first_rounds == [forced["runs"][0], rr["runs"][0], rr["runs"][1], forced["runs"][1]]
     seen = [sum(run["served_rates"]["fast"]["live_decode_samples"]) for run in order]
     assert seen == sorted(seen) and seen[-1] > seen[0], seen
     for run in order:
