@@ -25,7 +25,8 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 from prometheus_client import (
     CollectorRegistry,
@@ -166,7 +167,7 @@ class RouterMetrics:
         for i, (name, doc) in enumerate(names):
             g = Gauge(name, doc, registry=r)
             if state is not None:
-                g.set_function(lambda i=i: float(state()[i]))
+                g.set_function(partial(_state_value, state, i))
 
     # ------------------------------------------------------------ hooks
     def on_decision(
@@ -289,7 +290,11 @@ class RouterMetrics:
 def _label_sets(g: Gauge) -> list[tuple[str, ...]]:
     # prometheus-client has no public listing of a metric's children; its _metrics
     # dict (label values -> child) is the documented-by-use way to find them.
-    return list(g._metrics)  # noqa: SLF001
+    return cast(list[tuple[str, ...]], list(g._metrics))  # noqa: SLF001
+
+
+def _state_value(state: Callable[[], Sequence[int]], i: int) -> float:
+    return float(state()[i])
 
 
 def _decision_row(

@@ -165,7 +165,8 @@ class WorkerState:
         if hb is not None:
             reported = {r.id: r for r in hb.active + hb.queued}
             listed_active = {r.id for r in hb.active}
-        active, queued = [], []
+        active: list[Load] = []
+        queued: list[Load] = []
         for wid, routed in self.inflight.items():
             # Tokens relayed prove a request active even if the last heartbeat (older
             # than they are) listed it as queued.

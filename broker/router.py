@@ -111,6 +111,7 @@ class Router:
         client_wake = zmq.Poller()
         client_wake.register(self.client_sock.sock, zmq.POLLIN)
         more, frozen_at = False, -1
+        ready: dict[Any, int] | None  # the sockets a poll found readable (None: read all)
         try:
             while not stop.is_set():
                 if len(self.workers) != frozen_at:

@@ -57,6 +57,14 @@ def label(cls: type[Any]) -> str:
     return getattr(cls, "TYPE", "") or cls.__name__
 
 
+def _no_values(body: dict[str, Any]) -> tuple[()]:
+    return ()
+
+
+def _one_value(name: str, body: dict[str, Any]) -> tuple[Any]:
+    return (body[name],)
+
+
 class Codec:
     """The compiled form of one dataclass (built once per class by ``codec_for``)."""
 
@@ -81,13 +89,15 @@ class Codec:
                 self._nested.append((f.name, enc))
         # A map with every field (what ``to_map`` writes): the fields with a check, their
         # values read and type-tested in C; only those not passed as is go to Python.
-        checked = [(name, passes, check) for name, _, passes, check in self._checks if check]
+        checked = [(name, passes, chk) for name, _, passes, chk in self._checks if chk is not None]
         self._checked = tuple((name, check) for name, _, check in checked)
         self._checked_passes = tuple(passes for _, passes, _ in checked)
         names = [name for name, _, _ in checked]
-        self._values = (lambda body: ()) if not names else operator.itemgetter(*names)
+        self._values: Callable[[dict[str, Any]], tuple[Any, ...]] = (
+            _no_values if not names else operator.itemgetter(*names)
+        )
         if len(names) == 1:
-            self._values = lambda body, name=names[0]: (body[name],)
+            self._values = partial(_one_value, names[0])
 
     def build(self, body: dict[str, Any]) -> Any:
         """An instance from ``body`` (a str-keyed map; modified in place)."""
@@ -100,8 +110,8 @@ class Codec:
             values = self._values(body)
             unchecked = map(not_, map(contains, self._checked_passes, map(type, values)))
             for i in compress(range(len(values)), unchecked):
-                name, check = self._checked[i]
-                body[name] = check(values[i])
+                name, convert = self._checked[i]
+                body[name] = convert(values[i])
             return self.cls(**body)
         for name, required, passes, check in self._checks:
             value = body.get(name, _ABSENT)

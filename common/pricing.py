@@ -107,6 +107,7 @@ def _blend_decode(
         hi = min((s for s in logf if s >= b), default=None)
         if lo is None or hi is None:  # past the sampled range: borrow, less the further
             near = hi if lo is None else lo
+            assert near is not None  # live is not empty: one side has a sampled size
             f = logf[near] / (1 + abs(math.log2(b / near)))
         elif lo == hi:
             f = logf[lo]
