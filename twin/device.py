@@ -24,7 +24,7 @@ from typing import Protocol
 
 from tandem.workers.backends.sim import SimProfile, sampled
 from tandem.workers.prefix_cache import Match
-from tandem.workers.request import Request
+from tandem.workers.request import Request, decode_context
 
 VOCAB_SIZE = 49152  # the embedded model's vocabulary: prompts cut from its tokenizer fit
 _FIRST_OUTPUT_ID = 256
@@ -59,6 +59,7 @@ class Tail:
             profile,
             prefill_tok_s=profile.prefill_tok_s / f,
             decode_step_s=tuple(s * f for s in profile.decode_step_s),
+            decode_context_s=profile.decode_context_s * f,
         )
 
 
@@ -88,7 +89,8 @@ class TwinDevice:
         req.slot = int.from_bytes(digest, "little")
 
     def run(self, decode: list[Request], prefill: list[tuple[Request, int]]) -> dict[str, int]:
-        cost_s = self.profile.cost_s(sum(n for _, n in prefill), len(decode))
+        prefill_tokens = sum(n for _, n in prefill)
+        cost_s = self.profile.cost_s(prefill_tokens, len(decode), decode_context(decode))
         self.steps += 1
         if self.tail is not None and self.steps % self.tail.every == 0:
             cost_s *= self.tail.x

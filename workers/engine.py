@@ -22,7 +22,7 @@ from tandem.common.protocol import FinishReason
 from tandem.common.tokenizer import TokenizerSpec
 from tandem.workers.config import EngineConfig
 from tandem.workers.prefix_cache import Match, PrefixCache
-from tandem.workers.request import Request, Status
+from tandem.workers.request import Request, Status, decode_context
 from tandem.workers.schedule import admissible, plan_step, reservation
 from tandem.workers.steptimer import StepTimer
 
@@ -119,8 +119,7 @@ class Engine:
         if not plan:
             return
         decode, prefill = plan.decode, plan.prefill
-        context = sum(r.n_computed + r.n_fed for r in decode)  # KV the decode rows attend over
-        self.timer.start(len(decode), context, sum(n for _, n in prefill))
+        self.timer.start(len(decode), decode_context(decode), sum(n for _, n in prefill))
         sampled = self._run(decode, prefill)
         if sampled is None:
             self.timer.discard()

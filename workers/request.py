@@ -151,3 +151,9 @@ class TextStream:
                     best = n
                     break
         return best
+
+
+def decode_context(decode: list[Request]) -> int:
+    """The KV tokens a step's decode rows attend over, summed: the context the engine's
+    step timer records with the step (decode slows as it grows)."""
+    return sum(r.n_computed + r.n_fed for r in decode)

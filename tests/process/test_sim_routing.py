@@ -59,6 +59,17 @@ def test_profile_files_and_costs() -> None:
     n = len(gpu.decode_step_s)
     # Past the table the aggregate decode rate plateaus.
     assert 2 * n / gpu.step_s(2 * n) == pytest.approx(gpu.decode_tok_s()[-1])
+    assert cpu.decode_context_s == 0.0  # a profile without the key: no context cost
+
+
+def test_a_profile_with_a_context_slope_charges_the_decode_rows_context(tmp_path: Path) -> None:
+    prof = SimProfile.load(
+        write_profile(tmp_path, decode_step_s=[0.01, 0.015], decode_context_s=2e-6)
+    )
+    assert prof.decode_context_s == 2e-6
+    # Two rows attending over 1,000 and 3,000 tokens: 4,000 * 2 us on top of the batch-2 step.
+    assert prof.cost_s(100, 2, 4000) == pytest.approx(100 / 5000 + 0.015 + 0.008)
+    assert prof.cost_s(100, 0) == pytest.approx(100 / 5000)
 
 
 @pytest.mark.parametrize(
@@ -68,6 +79,7 @@ def test_profile_files_and_costs() -> None:
         ({"decode_step_s": [0.01, 0]}, "positive seconds"),
         ({"decode_step_s": 0.01, "prefill_tok_s": -1}, "prefill_tok_s"),
         ({"decode_step_s": 0.01, "speed": 1}, "unknown key"),
+        ({"decode_step_s": 0.01, "decode_context_s": -1e-6}, "decode_context_s"),
     ],
 )
 def test_bad_profiles_are_refused(tmp_path: Path, fields: dict, message: str) -> None:

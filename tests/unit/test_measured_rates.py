@@ -6,7 +6,9 @@ virtual clock, so the measurement is exact and the test deterministic.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import random
 
 import pytest
 
@@ -117,3 +119,27 @@ def test_a_skewed_device_is_measured_at_what_a_run_of_its_steps_takes() -> None:
     assert model.context_s == 0.0
     for b, step in zip(model.decode_batch, model.decode_step_s, strict=True):
         assert step == pytest.approx(steady.step_s(b), rel=0.10), b
+
+
+def test_a_device_that_slows_with_context_is_measured_with_its_slope() -> None:
+    """A CPU whose decode step grows 4.8 us per context token per row (llama.cpp on the
+    H200 box decoded ~2x slower after 516 tokens than after 16) serves prompts of 64 to
+    2,048 tokens: the worker's live model finds the slope and quotes each batch size's
+    step at its median context as the device costs it there."""
+    k = 4.8e-6
+    profile = dataclasses.replace(SimProfile.load("h200-cpu"), decode_context_s=k)
+    owner = Clock()
+    engine = Engine(TwinDevice(profile, owner), EngineConfig(max_active=4), lambda m: None,
+                    "cpu", clock=lambda: owner.now)  # fmt: skip
+    rng = random.Random(0)
+    for i in range(24):
+        n = rng.choice([64, 256, 1024, 2048])
+        prompt = [1000 + (i * 131 + j) % 3000 for j in range(n)]
+        engine.handle(p.Assign(f"r{i}", prompt, p.SamplingParams(max_tokens=64)))
+    while engine.queue or engine.active:
+        engine.step()
+    model = engine.timer.stats.model()
+    assert model.context_s == pytest.approx(k, rel=0.05)
+    assert model.context > 500  # quoted where the rows decoded, not at an empty context
+    for b, step in zip(model.decode_batch, model.decode_step_s, strict=True):
+        assert step == pytest.approx(profile.step_s(b) + k * b * model.context, rel=0.02), b

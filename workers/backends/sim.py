@@ -14,10 +14,16 @@ Profile file (JSON; bundled in workers/backends/profiles/)::
      "prefill_tok_s": 2551,        # prompt tokens per second
      "decode_step_s": [0.00341, 0.00375, ...],   # seconds of one decode step
                                    # with 1, 2, ... requests in the batch
+     "decode_context_s": 4.8e-6,   # optional: extra seconds per decode step per
+                                   # context token of each decoding row (default 0)
      "note": "..."}                # optional free text (assumptions, source)
 
-A step costs ``prefill_tokens / prefill_tok_s + decode_step_s[b - 1]`` where b
-is the number of decode rows (the second term only when b > 0). Beyond the end
+A step costs ``prefill_tokens / prefill_tok_s + decode_step_s[b - 1] +
+decode_context_s * context`` where b is the number of decode rows and context
+the KV tokens they attend over, summed (``decode_context``; the decode terms
+only when b > 0): attention reads every cached token, so decode slows as
+contexts grow, as a real device does (llama.cpp on the H200 box's CPU decoded
+~2x slower after 516 tokens than after 16). Beyond the end
 of ``decode_step_s`` the aggregate decode rate is assumed to plateau (the step
 time grows linearly with b). ``decode_step_s`` may also be a single number (the
 same step time at every batch size).
@@ -50,14 +56,14 @@ from typing import TYPE_CHECKING
 from tandem.common.gguf_file import weights_digest
 from tandem.common.tokenizer import TokenizerSpec, piece_table, tokenizer_spec_from_gguf
 from tandem.workers.prefix_cache import Match
-from tandem.workers.request import Request
+from tandem.workers.request import Request, decode_context
 
 if TYPE_CHECKING:
     from tandem.workers.config import WorkerConfig
 
 log = logging.getLogger(__name__)
 
-_PROFILE_KEYS = {"name", "prefill_tok_s", "decode_step_s", "note", "source"}
+_PROFILE_KEYS = {"name", "prefill_tok_s", "decode_step_s", "decode_context_s", "note", "source"}
 _FIRST_OUTPUT_ID = 256  # below this sit control tokens and single bytes: keep output readable
 
 
@@ -80,6 +86,7 @@ class SimProfile:
     name: str
     prefill_tok_s: float
     decode_step_s: tuple[float, ...]  # seconds per decode step at batch size 1, 2, ...
+    decode_context_s: float = 0.0  # extra seconds per decode step per context token per row
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
@@ -88,6 +95,8 @@ class SimProfile:
             raise ValueError("prefill_tok_s must be > 0")
         if not self.decode_step_s or min(self.decode_step_s) <= 0:
             raise ValueError("decode_step_s must be positive seconds")
+        if not 0 <= self.decode_context_s <= 1:
+            raise ValueError("decode_context_s must be in [0, 1] seconds per context token")
 
     @classmethod
     def load(cls, path: str | Path) -> SimProfile:
@@ -110,6 +119,7 @@ class SimProfile:
                 str(data.get("name") or Path(path).stem),
                 float(data["prefill_tok_s"]),
                 tuple(float(x) for x in steps),
+                float(data.get("decode_context_s", 0.0)),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"sim profile {path}: missing or bad field {exc}") from None
@@ -123,9 +133,11 @@ class SimProfile:
             return self.decode_step_s[batch - 1]
         return self.decode_step_s[-1] * batch / n  # aggregate rate plateaus past the table
 
-    def cost_s(self, prefill_tokens: int, decode_batch: int) -> float:
-        """Seconds one engine step takes on the modelled device."""
-        return prefill_tokens / self.prefill_tok_s + self.step_s(decode_batch)
+    def cost_s(self, prefill_tokens: int, decode_batch: int, context_tokens: int = 0) -> float:
+        """Seconds one engine step takes on the modelled device; ``context_tokens``: the
+        KV tokens its decode rows attend over, summed (``decode_context``)."""
+        decode_s = self.step_s(decode_batch) + self.decode_context_s * context_tokens
+        return prefill_tokens / self.prefill_tok_s + decode_s
 
     def decode_tok_s(self) -> list[float]:
         """Aggregate decode tok/s at batch size 1, 2, ... (what a worker advertises)."""
@@ -213,7 +225,8 @@ class SimBackend:
 
     # ------------------------------------------------------------ the step
     def run(self, decode: list[Request], prefill: list[tuple[Request, int]]) -> dict[str, int]:
-        cost_s = self.profile.cost_s(sum(n for _, n in prefill), len(decode))
+        prefill_tokens = sum(n for _, n in prefill)
+        cost_s = self.profile.cost_s(prefill_tokens, len(decode), decode_context(decode))
         now = time.monotonic()
         start = now if self._idle else max(self._free_at, now - cost_s)
         self._free_at = start + cost_s
