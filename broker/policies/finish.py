@@ -19,6 +19,16 @@ down are priced through the same steps.
 Steps that the engine would plan identically are advanced together
 (``schedule.repeats``), so one prediction costs a few operations per request
 on the worker rather than one per token.
+
+Decode slows with context, and the step model quotes its steps at the context
+its rows served at (``decode_context``) with a slope (``decode_context_s``,
+seconds per context token per row: common/steptime.py). The new request's own
+row adds ``slope * (its context - decode_context)`` to each decode step it is
+in: a long prompt on a CPU that just served short ones costs more than the
+quoted steps, a short one less. Its context at its j-th decode step is its
+prompt plus j - 1 output tokens whatever the schedule, so that term is one sum
+per request (``context_extra_s``), added to the replayed time. (The other rows
+are priced at the quoted context: they are what it was measured on.)
 """
 
 from __future__ import annotations
@@ -136,10 +146,35 @@ def _advance(
     return k * step_s
 
 
+def context_extra_s(w: WorkerView, prompt_tokens: int, max_tokens: int, model: StepModel) -> float:
+    """Seconds the request's own context adds to the decode steps it is in on ``w``
+    (negative for a context below the one ``w``'s steps are quoted at): with slope k
+    and quoted context c, each of its ``max_tokens - 1`` decode steps costs
+    ``k * (prompt_tokens + j - c)`` more, j = 0, 1, ... output tokens fed. Never
+    more than the fastest decode step off per step: on a fit with a non-negative
+    intercept that is never reached (the row's share is at most ``k * c`` and the
+    batch-1 step costs more), on a slope fitted too steep it keeps the score > 0."""
+    k, m = w.decode_context_s, max_tokens - 1
+    if not k or m <= 0:
+        return 0.0
+    extra = k * (m * (prompt_tokens - w.decode_context) + m * (m - 1) / 2)
+    return max(extra, -m * model.min_decode_s)
+
+
 def predict_finish_s(req: RouteRequest, w: WorkerView, ahead: Ahead | None = None) -> float:
     """Seconds from now until ``req`` would end on ``w`` if it were queued there now.
     ``ahead``: ``drain_ahead(w)`` when the caller already has it (it is not changed)."""
     t, rows, model = ahead if ahead is not None else drain_ahead(w)
+    return _replay_finish_s(req, w, t, rows, model) + context_extra_s(
+        w, req.prompt_tokens, req.max_tokens, model
+    )
+
+
+def _replay_finish_s(
+    req: RouteRequest, w: WorkerView, t: float, rows: list[_Row], model: StepModel
+) -> float:
+    """``predict_finish_s`` with every step at its quoted context: the engine's plan
+    replayed over the rows ahead's (copied) and the new request's."""
     active = [_Row(r.prefill_remaining, r.decode_left) for r in rows]
     for mine, theirs in zip(active, rows, strict=True):
         mine.decoding = theirs.decoding
@@ -187,7 +222,7 @@ class _Memo:
         self.ahead: Ahead | None = None
         # By question: the predicted score (> 0: every prompt computes >= 1 token), or
         # minus its lower bound while only that is known (one lookup either way).
-        self.answers: dict[tuple[int, int], float] = {}
+        self.answers: dict[tuple[int, int, int], float] = {}
 
     def bound_s(self, uncached: int, decode_steps: int) -> float:
         """A lower bound of ``predict_finish_s`` for a request with ``uncached`` prompt
@@ -322,17 +357,20 @@ class FinishTime:
             if got is None:
                 if len(memo.answers) >= self.PER_VIEW:
                     memo.answers.clear()
-                got = memo.answers[question] = -memo.bound_s(question[0], decode_steps)
+                bound = memo.bound_s(question[0], decode_steps)
+                bound += context_extra_s(w, prompt, budget, memo.model)  # as in the score
+                got = memo.answers[question] = -bound
                 WRITES.n += 1
             gots[i], ids[i] = got, w.id
         self._shape, self._views, self._gots, self._ids = shape, refs, gots, ids
         return gots
 
 
-def _question(prompt_tokens: int, w: WorkerView, budget: int) -> tuple[int, int]:
-    """What a memo answers: the prompt tokens ``w`` must compute (>= 1), the budget."""
+def _question(prompt_tokens: int, w: WorkerView, budget: int) -> tuple[int, int, int]:
+    """What a memo answers: the prompt tokens ``w`` must compute (>= 1), the budget,
+    and the whole prompt where ``w``'s steps slow with context (else 0)."""
     uncached = prompt_tokens - w.cached_tokens
-    return (uncached if uncached > 1 else 1, budget)
+    return (uncached if uncached > 1 else 1, budget, prompt_tokens if w.decode_context_s else 0)
 
 
 def _admit(least: list[float], score: float, keep: int, slack: float) -> float:

@@ -53,7 +53,14 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
-from tandem.broker.policies.finish import _NO_KV_LIMIT, FinishTime, _advance, _Row, step_model
+from tandem.broker.policies.finish import (
+    _NO_KV_LIMIT,
+    FinishTime,
+    _advance,
+    _Row,
+    context_extra_s,
+    step_model,
+)
 from tandem.broker.policies.views import Decision, RouteRequest, WorkerView
 from tandem.workers.schedule import admissible, decode_runs
 
@@ -207,7 +214,9 @@ class Lookahead:
             key = (w.id, tuple(extras))
             if key not in seen:
                 mine, held = finishes(w, extras)
-                seen[key] = held + sum(mine)
+                # Each of them (the request's shape) at its own context, as finish_time.
+                own = context_extra_s(w, req.prompt_tokens, req.max_tokens, step_model(w))
+                seen[key] = held + sum(mine) + len(mine) * own
             return seen[key]
 
         def shaped(w: WorkerView, at: float) -> Extra:

@@ -1,7 +1,7 @@
 """finish_time's branch and bound never changes a decision.
 
 Over random fleets (rates, batch tables that are not monotone, loads, prefix
-hits, step budgets, identical workers that tie), the pruning policy chooses what
+hits, step budgets, context slopes, identical workers that tie), the pruning policy chooses what
 the exhaustive one chooses; every score it computed is the exhaustive one's, and
 every pruned candidate's logged bound is at most its exact score (to rounding) and above the
 chosen score. Memoized answers (a second decision over the same views) agree too.
@@ -50,6 +50,10 @@ def views(draw: st.DrawFn) -> list[WorkerView]:
                 active=tuple(active),
                 queued=tuple(draw(loads)),
                 step_tokens=draw(st.sampled_from([1, 16, 256, 2048])),
+                # Steps that slow with context (a live model's slope), quoted at some context:
+                # each request's own context then moves its score (finish.context_extra_s).
+                decode_context=draw(st.sampled_from([0.0, 100.0, 1500.0])),
+                decode_context_s=draw(st.sampled_from([0.0, 0.0, 2e-6, 5e-5, 1e-3])),
             )
         )
     return out

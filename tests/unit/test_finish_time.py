@@ -166,3 +166,41 @@ def test_finish_time_is_a_named_policy_that_prefers_the_earlier_finish():
         FinishTime().choose(req, [cpu, WorkerView("gpu", 2551.0, (293.0, 533.0), 2)]).worker_id
         == "gpu"
     )
+
+
+@pytest.mark.parametrize("prompt", [16, 300, 1200, 4000])
+def test_a_request_is_priced_at_its_own_context_on_a_device_that_slows_with_it(prompt):
+    """A device whose decode step grows 20 us per context token per row, quoted (as a
+    live step model quotes it) at 1,000 tokens of context per row: a new request joining
+    two rows decoding at exactly that context finishes when the prediction says, short
+    prompts sooner than the quoted steps and long ones later. Blind to context, the
+    prediction would be off by the sum of its rows' extra context."""
+    k, c, others = 2e-5, 1000, 2
+    device = SimProfile("gpu", 2551.0, GPU.decode_step_s, decode_context_s=k)
+    world = World()
+    cfg = EngineConfig(max_active=4, step_tokens=64, cache_tokens=0)
+    w = TwinWorker(world, "w", device, cfg, lambda wid, msgs: None, NO_DELAY)
+    for i in range(others):
+        r = Request(f"r{i}", [1000 + i] * c, SamplingParams(max_tokens=400, ignore_eos=True))
+        w.engine.submit(r)
+    while any(not r.decoding for r in w.engine.active) or w.engine.queue:
+        w.engine.step()
+    held = {r.id for r in w.engine.active}  # kept at c, the view's quoted context, so
+    for r in w.engine.active:  # that only the new row is off it (their n_fed reset each step)
+        r.n_fed = 0
+    quoted = tuple(b / (device.step_s(b) + k * b * c) for b in range(1, 5))
+    rows = tuple(Load(0, r.decode_remaining) for r in w.engine.active)
+    view = WorkerView("w", 2551.0, quoted, 4, step_tokens=64, decode_context=c,
+                      decode_context_s=k, active=rows)  # fmt: skip
+    new = RouteRequest(prompt, 40)
+    predicted = predict_finish_s(new, view)
+    blind = predict_finish_s(new, WorkerView(**{**view.__dict__, "decode_context_s": 0.0}))
+    start = w.now
+    w.engine.submit(Request("new", [7] * prompt, SamplingParams(max_tokens=40, ignore_eos=True)))
+    while not any(isinstance(m, p.Done) and m.request_id == "new" for m in w._out):
+        for r in w.engine.active:
+            if r.id in held:
+                r.n_fed = 0
+        w.engine.step()
+    assert w.now - start == pytest.approx(predicted, rel=1e-9)
+    assert predicted - blind == pytest.approx(k * (39 * (prompt - c) + 39 * 38 / 2))

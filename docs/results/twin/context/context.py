@@ -6,9 +6,10 @@ with the CPU's decode steps either flat in context (sim h200-cpu: the steps it
 served after 516-token prompts) or growing 4.8 us per context token per row
 (h200-cpu-ctx.json beside this file: its steps after 16-token prompts plus the
 slope that joins them to those after 516). The live step model quotes each batch
-size's step at the median context it served and measures the slope, but the
-finish_time replay prices every step at that median context: a long prompt on the
-sloped CPU costs more per step than priced, a short one less.
+size's step at the median context it served and measures the slope; finish_time
+(and lookahead on it) prices each new request's own row at its own context
+(broker/policies/finish.py ``context_extra_s``). "blind" runs the sloped world with
+that term taken out (every step at the quoted context, as before it existed).
 
 Per request, the chosen worker's predicted seconds to the last token (its score
 in the decision) against what the twin then took, by worker and prompt length.
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from tandem.broker.policies import finish, lookahead
 from tandem.cli.main import main as cli
 
 HERE = Path(__file__).resolve().parent
@@ -35,10 +37,11 @@ TRACE = HERE.parents[3].parent / "shared" / "traces" / "mooncake_synthetic.jsonl
 BANDS = ((500, "< 500"), (1500, "500-1,499"), (1 << 60, ">= 1,500"))
 
 
-def run(cpu: str, out: Path) -> dict:
+def run(cpu: str, out: Path, limit: int = 300, time_scale: float = 1.0) -> dict:
     args = ["sim", "--worker", f"sim:{cpu}:id=cpu:max_active=4"]
     args += ["--worker", "sim:h200-gpu:id=gpu:max_active=8", "--workload", "trace"]
-    args += ["--trace", str(TRACE), "--length-scale", "16", "--limit", "300"]
+    args += ["--trace", str(TRACE), "--length-scale", "16", "--limit", str(limit)]
+    args += ["--time-scale", str(time_scale)]
     args += ["--policy", "lookahead", "--runs", "1", "--out", str(out)]
     res = CliRunner().invoke(cli, args, catch_exceptions=False)
     if res.exit_code != 0:
@@ -63,14 +66,30 @@ def errors(run_doc: dict) -> dict[tuple[str, str], list[float]]:
     return out
 
 
+def blind(*_: object) -> float:
+    return 0.0
+
+
 def main() -> None:
-    worlds = {"flat": "h200-cpu", "sloped": str(HERE / "h200-cpu-ctx.json")}
-    print("actual / predicted seconds to the last token (median [p25, p75], requests)\n")
-    print("| worker | prompt tokens | CPU flat in context | CPU 4.8 us / context token / row |")
-    print("| --- | --- | --- | --- |")
+    sloped = str(HERE / "h200-cpu-ctx.json")
+    worlds = {"flat": "h200-cpu", "sloped, blind": sloped, "sloped": sloped}
+    print("actual / predicted seconds to the last token (median [p25, p75], requests),")
+    print("the first 300 requests, arrivals as recorded\n")
+    head = ["CPU flat in context", "CPU sloped, priced blind", "CPU sloped"]
+    print("| worker | prompt tokens | " + " | ".join(head) + " |")
+    print("| --- | --- | --- | --- | --- |")
+    loads = ((300, 1.0), (300, 2.0), (600, 1.0))  # (first N requests, arrivals compressed)
+    runs: dict[tuple[int, float], dict[str, dict]] = {load: {} for load in loads}
+    own = finish.context_extra_s
     with tempfile.TemporaryDirectory() as tmp:
-        runs = {k: run(cpu, Path(tmp) / k) for k, cpu in worlds.items()}
-    found = {k: errors(doc) for k, doc in runs.items()}
+        for load in loads:
+            for k, cpu in worlds.items():
+                finish.context_extra_s = blind if "blind" in k else own
+                lookahead.context_extra_s = finish.context_extra_s
+                out = Path(tmp) / f"{k.replace(', ', '-')}-{load[0]}-{load[1]}"
+                runs[load][k] = run(cpu, out, *load)
+    finish.context_extra_s = lookahead.context_extra_s = own
+    found = {k: errors(doc) for k, doc in runs[loads[0]].items()}
     for worker in ("cpu", "gpu"):
         for _, band in BANDS:
             cells = []
@@ -82,13 +101,20 @@ def main() -> None:
                 q = (xs[len(xs) // 4], xs[3 * len(xs) // 4])
                 cells.append(f"{statistics.median(xs):.2f} [{q[0]:.2f}, {q[1]:.2f}], {len(xs)}")
             print(f"| {worker} | {band} | " + " | ".join(cells) + " |")
-    print("\n| world | makespan s | TTFT mean s | e2e mean s | requests on the CPU |")
-    print("| --- | --- | --- | --- | --- |")
-    for world, doc in runs.items():
-        m = doc["metrics"]
-        on_cpu = sum(r["worker"] == "cpu" for r in doc["records"])
-        cells = [m["makespan_s"], m["ttft_s"]["mean"], m["e2e_s"]["mean"]]
-        print(f"| {world} | " + " | ".join(f"{x:.2f}" for x in cells) + f" | {on_cpu} |")
+    print("\nOutcomes, lookahead: the first N requests, arrivals compressed by a factor\n")
+    print(
+        "| requests, arrivals / | world | makespan s | TTFT mean s | TTFT p99 s | e2e mean s |"
+        " e2e p99 s | requests on the CPU |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (limit, scale), by_world in runs.items():
+        for world, doc in by_world.items():
+            m = doc["metrics"]
+            on_cpu = sum(r["worker"] == "cpu" for r in doc["records"])
+            cells = [m["makespan_s"], m["ttft_s"]["mean"], m["ttft_s"]["p99"], m["e2e_s"]["mean"]]
+            cells.append(m["e2e_s"]["p99"])
+            row = " | ".join(f"{x:.2f}" for x in cells)
+            print(f"| {limit}, {scale:g} | {world} | {row} | {on_cpu} |")
 
 
 if __name__ == "__main__":
