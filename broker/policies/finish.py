@@ -358,7 +358,8 @@ class FinishTime:
                 if len(memo.answers) >= self.PER_VIEW:
                     memo.answers.clear()
                 bound = memo.bound_s(question[0], decode_steps)
-                bound += context_extra_s(w, prompt, budget, memo.model)  # as in the score
+                if w.decode_context_s:  # as in the score (tested here: most views have none)
+                    bound += context_extra_s(w, prompt, budget, memo.model)
                 got = memo.answers[question] = -bound
                 WRITES.n += 1
             gots[i], ids[i] = got, w.id
