@@ -241,6 +241,11 @@ class StepStats:
         self.prefill: dict[int, _Window] = {}  # chunk bucket -> (tok/s, 0)
         self.version = 0
         self.sizes = 0  # batch sizes and chunk buckets ever opened: new ones are news
+        # The last slope the windows gave. How decode slows with context is the device's
+        # (attention reads every cached token), so windows that span too little context
+        # to measure it (a run of long prompts after short ones) keep it, not 0: a slope
+        # of 0 would price the next short prompt at the long ones' steps.
+        self.slope = 0.0
 
     def record(self, batch: int, context_tokens: int, prefill_tokens: int, seconds: float) -> None:
         if not (math.isfinite(seconds) and 0 < seconds <= MAX_STEP_S) or batch < 0:
@@ -282,7 +287,8 @@ class StepStats:
 
     def model(self) -> StepModel:
         """The current estimates in wire form (empty lists while nothing is known)."""
-        k = context_slope(self.decode)
+        measured = context_slope(self.decode)
+        k = self.slope = self.slope if measured is None else measured
         rows = [x for w in self.decode.values() for _, x in w.samples]
         ctx = statistics.median(rows) if rows else 0.0
         batches = sorted(self.decode)
@@ -325,15 +331,16 @@ def center(values: Sequence[float]) -> float:
     return statistics.fmean(min(x, cap) for x in values)
 
 
-def context_slope(decode: dict[int, _Window]) -> float:
-    """Extra step seconds per context token per row, >= 0.
+def context_slope(decode: dict[int, _Window]) -> float | None:
+    """Extra step seconds per context token per row, >= 0; None where the windows
+    cannot say (too few pairs).
 
     Within each batch size, samples sorted by context are paired with the sample
     half a window further on (when their contexts differ by MIN_CONTEXT_SPAN or
     more); the slope is the median over all pairs of all batch sizes, each pair's
     seconds difference divided by its extra context tokens summed over the rows.
     Medians of pairwise slopes (Theil–Sen) ignore a minority of stalled steps; with
-    fewer than ``MIN_SLOPE_PAIRS`` pairs there is no slope. One pair is one accident:
+    fewer than ``MIN_SLOPE_PAIRS`` pairs there is none. One pair is one accident:
     in the twin, a GPU whose every 5th step ran 2x measured at start a slope from a
     single pair of batch-4 steps that, quoted at batch 16, priced its step at ~0 s.
     """
@@ -344,4 +351,4 @@ def context_slope(decode: dict[int, _Window]) -> float:
         for (s0, x0), (s1, x1) in zip(pts, pts[half:], strict=False):
             if x1 - x0 >= MIN_CONTEXT_SPAN:
                 slopes.append((s1 - s0) / (b * (x1 - x0)))
-    return max(0.0, statistics.median(slopes)) if len(slopes) >= MIN_SLOPE_PAIRS else 0.0
+    return max(0.0, statistics.median(slopes)) if len(slopes) >= MIN_SLOPE_PAIRS else None

@@ -210,6 +210,26 @@ def test_context_slope_separates_batch_cost_from_context_cost() -> None:
     assert m.decode_step_s == pytest.approx((0.005 + 2e-6 * at, 0.006 + 4e-6 * at))
 
 
+def test_a_slope_is_kept_while_the_windows_span_too_little_context_to_measure_it() -> None:
+    """Short prompts, then only long ones: the windows fill with steps at one long
+    context, where no pairs are a context span apart. The slope measured on the short
+    ones is kept (a slope of 0 would price the next short prompt at the long steps),
+    and the steps are quoted at the new context."""
+    s = StepStats()
+    for i in range(64):
+        x = 100 + i  # one row's context grows as it decodes
+        s.record(4, 4 * x, 0, 0.010 + 5e-6 * 4 * x)
+    assert s.model().context_s == pytest.approx(5e-6)
+    for i in range(64):
+        x = 2000 + i // 4  # a long row, its context barely moving within the window
+        s.record(4, 4 * x, 0, 0.010 + 5e-6 * 4 * x)
+    assert context_slope(s.decode) is None
+    m = s.model()
+    assert m.context_s == pytest.approx(5e-6)
+    assert m.decode_step_s[0] == pytest.approx(0.010 + 5e-6 * 4 * m.context)
+    assert m.context > 1900
+
+
 def test_a_slope_needs_several_pairs_and_never_prices_a_step_near_zero() -> None:
     """One pair of steps a context span apart is one accident, not a slope; and even
     a real slope moves a sample to another context by at most MIN_AFTER_CONTEXT."""
@@ -218,7 +238,8 @@ def test_a_slope_needs_several_pairs_and_never_prices_a_step_near_zero() -> None
         s.record(16, 16 * 500, 0, 0.017)
     for x, secs in ((470, 0.010), (471, 0.010), (530, 0.020), (531, 0.010)):
         s.record(4, 4 * x, 0, secs)  # one pair >= MIN_CONTEXT_SPAN apart rises
-    assert context_slope(s.decode) == 0.0
+    assert context_slope(s.decode) is None
+    assert s.model().context_s == 0.0  # none ever measured
     assert s.model().decode_step_s[-1] == pytest.approx(0.017)  # batch 16 untouched
 
     s = StepStats()
