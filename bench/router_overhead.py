@@ -23,6 +23,7 @@ import socket
 import statistics
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -79,7 +80,10 @@ def _run_router(client: str, worker: str, stop: Any) -> None:
 @contextmanager
 def _processes(*targets: tuple[Any, tuple[Any, ...]]):
     stop = SPAWN.Event()
-    procs = [SPAWN.Process(target=f, args=(*args, stop), daemon=True) for f, args in targets]
+    procs = [
+        SPAWN.Process(target=f, args=(*args, stop), daemon=True, name=f.__name__)
+        for f, args in targets
+    ]
     for proc in procs:
         proc.start()
     try:
@@ -107,7 +111,7 @@ def path(kind: str):
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(c)
         try:
-            _warm(sock)
+            _warm(sock, procs=procs)
             yield sock, procs[0].pid
         finally:
             sock.close(0)
@@ -117,11 +121,16 @@ def _submit(rid: str, max_tokens: int) -> bytes:
     return p.encode(p.Submit(rid, tokens=[1, 2, 3], sampling=p.SamplingParams(max_tokens)))
 
 
-def _warm(sock: zmq.Socket, timeout_s: float = 30.0) -> None:
-    """Retry one request until the whole path answers (processes take time to start)."""
+def _warm(sock: zmq.Socket, timeout_s: float = 30.0, procs: Sequence[Any] = ()) -> None:
+    """Retry one request until the whole path answers (processes take time to start);
+    one of ``procs`` that exits first fails it at once, naming its exit code."""
     deadline = time.monotonic() + timeout_s
     n = 0
     while time.monotonic() < deadline:
+        dead = [proc for proc in procs if not proc.is_alive()]
+        if dead:
+            codes = ", ".join(f"{proc.name} exited with code {proc.exitcode}" for proc in dead)
+            raise RuntimeError(f"the path never answered: {codes}")
         n += 1
         sock.send(_submit(f"warm{n}", 1))
         end = time.monotonic() + 1.0

@@ -26,6 +26,29 @@ print(json.dumps(run_all(cfg, runs=1, progress=lambda line: None)))
 """
 
 
+DEAD_ROUTER = """
+import operator, time
+from tandem.bench import router_overhead as ro
+ro._run_router = operator.truediv  # importable, and fails on (client, worker, stop) at once
+t0 = time.monotonic()
+try:
+    ro.measure_path("router", ro.OverheadConfig(requests=10, stream_tokens=4, latency_requests=10))
+except RuntimeError as exc:
+    print(round(time.monotonic() - t0, 1), exc)
+"""
+
+
+def test_a_path_whose_process_dies_fails_at_once_and_says_which():
+    """A router that dies at start (once: a broken build) made the bench wait out its
+    warm-up, and say only that the path never answered."""
+    out = subprocess.run(
+        [sys.executable, "-c", DEAD_ROUTER], capture_output=True, text=True, timeout=60, check=True
+    )
+    took, message = out.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert "truediv exited with code 1" in message
+    assert float(took) < 20  # the warm-up's own limit is 30 s
+
+
 def test_the_router_bench_measures_every_path_at_a_tiny_size():
     out = subprocess.run(
         [sys.executable, "-c", TINY], capture_output=True, text=True, timeout=150, check=True
