@@ -150,14 +150,18 @@ def context_extra_s(w: WorkerView, prompt_tokens: int, max_tokens: int, model: S
     """Seconds the request's own context adds to the decode steps it is in on ``w``
     (negative for a context below the one ``w``'s steps are quoted at): with slope k
     and quoted context c, each of its ``max_tokens - 1`` decode steps costs
-    ``k * (prompt_tokens + j - c)`` more, j = 0, 1, ... output tokens fed. Never
-    more than the fastest decode step off per step: on a fit with a non-negative
-    intercept that is never reached (the row's share is at most ``k * c`` and the
-    batch-1 step costs more), on a slope fitted too steep it keeps the score > 0."""
-    k, m = w.decode_context_s, max_tokens - 1
-    if not k or m <= 0:
+    ``k * (prompt_tokens + j - c)`` more, j = 0, 1, ... output tokens fed.
+
+    A slope is a worker's word, so it is held to what its own steps allow: one row's
+    context cost ``k * c`` is part of the batch-1 step quoted at c, so k is at most
+    that step over c (a slope of 1e-3 s per token, say, would price a long prompt
+    there at minutes and a short one at nothing). And never more than the fastest
+    decode step off per step, so the score stays > 0."""
+    k, m, c = w.decode_context_s, max_tokens - 1, w.decode_context
+    if not k or m <= 0 or c <= 0:  # no slope, nothing to decode, or no context measured
         return 0.0
-    extra = k * (m * (prompt_tokens - w.decode_context) + m * (m - 1) / 2)
+    k = min(k, model.decode_s[1] / c)
+    extra = k * (m * (prompt_tokens - c) + m * (m - 1) / 2)
     return max(extra, -m * model.min_decode_s)
 
 

@@ -204,3 +204,25 @@ def test_a_request_is_priced_at_its_own_context_on_a_device_that_slows_with_it(p
         w.engine.step()
     assert w.now - start == pytest.approx(predicted, rel=1e-9)
     assert predicted - blind == pytest.approx(k * (39 * (prompt - c) + 39 * 38 / 2))
+
+
+def test_a_slope_steeper_than_the_steps_it_explains_is_held_to_them():
+    """A worker's slope of 1e-3 s per context token per row, quoted at 500 tokens with a
+    batch-1 step of ~3.8 ms, says one row's context costs 0.5 s of a 3.8 ms step: it is
+    priced as the steepest slope those steps allow (the whole step context), so a long
+    prompt costs what a linear step would and a short one never less than nothing."""
+    rates = tuple(GPU.decode_tok_s())
+    steep = WorkerView("w", 2551.0, rates, 8, decode_context=500.0, decode_context_s=1e-3)
+    most = WorkerView("w", 2551.0, rates, 8, decode_context=500.0,
+                      decode_context_s=GPU.step_s(1) / 500)  # fmt: skip
+    flat = WorkerView("w", 2551.0, rates, 8)
+    long, short = RouteRequest(2000, 64), RouteRequest(16, 64)
+    assert predict_finish_s(long, steep) == pytest.approx(predict_finish_s(long, most))
+    alone = predict_finish_s(long, flat)
+    assert predict_finish_s(long, steep) == pytest.approx(
+        alone + GPU.step_s(1) / 500 * (63 * 1500 + 63 * 62 / 2)
+    )
+    assert 0 < predict_finish_s(short, steep) < predict_finish_s(short, flat)
+    # No context measured (quoted at 0): a slope alone prices nothing.
+    unquoted = WorkerView("w", 2551.0, rates, 8, decode_context_s=1e-3)
+    assert predict_finish_s(long, unquoted) == alone
