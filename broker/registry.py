@@ -236,6 +236,7 @@ class WorkerState:
             "live_decode_tok_s": [_rounded(x) for x in rates.live_decode_tok_s],
             "live_decode_samples": list(rates.live_decode_samples),
             "live_context_tokens": round(rates.context, 1),
+            "live_context_s": float(f"{rates.context_s:.3g}"),
             "priced_prefill_tok_s": round(rates.prefill_tok_s, 2),
             "priced_decode_tok_s": [round(x, 2) for x in rates.decode_tok_s],
             "profile_repaired": list(rates.repaired),

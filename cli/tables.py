@@ -69,10 +69,15 @@ def rates_table(workers: list[dict[str, Any]]) -> str:
                  ["", "priced", *priced]]  # fmt: skip
     rows = [r + [""] * (width + 2 - len(r)) for r in rows]
     headers = ["decode tok/s", "by batch", *(str(b) for b in range(1, width + 1))]
-    note = "! = far off its neighbours: replaced in pricing (see docs/ROUTING.md)"
-    return render(headers, rows) + (
-        "\n" + note if any(w.get("profile_repaired") for w in workers) else ""
-    )
+    notes = [
+        f"{w['id']}: live steps quoted at {w['live_context_tokens']:.0f} tokens of context per"
+        f" row; each context token adds {w['live_context_s'] * 1e6:.3g} us per row per step"
+        for w in workers
+        if w.get("live_context_s")
+    ]
+    if any(w.get("profile_repaired") for w in workers):
+        notes.append("! = far off its neighbours: replaced in pricing (see docs/ROUTING.md)")
+    return "\n".join([render(headers, rows), *notes])
 
 
 def _or_dash(x: Any) -> Any:

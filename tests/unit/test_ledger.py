@@ -300,7 +300,11 @@ def test_status_shows_live_rates_beside_the_profile(make: Callable[..., Harness]
     w = reply.workers[0]
     assert w["live_decode_tok_s"] == [40.0, None, None] and w["live_decode_samples"] == [40, 0, 0]
     assert w["profile_repaired"] == [2] and len(w["priced_decode_tok_s"]) == 3
-    lines = workers_table(reply).splitlines()
+    assert w["live_context_s"] == 1e-6  # steps_wire's slope, quoted at 520 tokens
+    table = workers_table(reply)
+    assert "a: live steps quoted at 520 tokens of context per row; each context token adds" \
+        " 1 us per row per step" in table  # fmt: skip
+    lines = [ln for ln in table.splitlines() if not ln.startswith("a: live steps")]
     profile, live, priced = (ln.split() for ln in lines[-4:-1])
     assert profile[-3:] == ["50", "5!", "90"]
     assert live[-4:] == ["40", "(40)", "-", "-"]
