@@ -24,7 +24,7 @@ from typing import Protocol
 
 from tandem.workers.backends.sim import SimProfile, sampled
 from tandem.workers.prefix_cache import Match
-from tandem.workers.request import Request, decode_context
+from tandem.workers.request import Request
 
 VOCAB_SIZE = 49152  # the embedded model's vocabulary: prompts cut from its tokenizer fit
 _FIRST_OUTPUT_ID = 256
@@ -89,8 +89,7 @@ class TwinDevice:
         req.slot = int.from_bytes(digest, "little")
 
     def run(self, decode: list[Request], prefill: list[tuple[Request, int]]) -> dict[str, int]:
-        prefill_tokens = sum(n for _, n in prefill)
-        cost_s = self.profile.cost_s(prefill_tokens, len(decode), decode_context(decode))
+        cost_s = self.profile.step_cost_s(decode, prefill)
         self.steps += 1
         if self.tail is not None and self.steps % self.tail.every == 0:
             cost_s *= self.tail.x

@@ -52,10 +52,10 @@ def test_decode_segments_shrink_the_batch_at_each_end():
     assert decode_segments([], 3) == [(3, 1)]
 
 
-def _twin(max_active: int, step_tokens: int) -> tuple[World, TwinWorker]:
+def _twin(max_active: int, step_tokens: int, device: SimProfile = GPU) -> tuple[World, TwinWorker]:
     world = World()
     cfg = EngineConfig(max_active=max_active, step_tokens=step_tokens, cache_tokens=0)
-    return world, TwinWorker(world, "w", GPU, cfg, lambda wid, msgs: None, NO_DELAY)
+    return world, TwinWorker(world, "w", device, cfg, lambda wid, msgs: None, NO_DELAY)
 
 
 def _view(w: TwinWorker, max_active: int, step_tokens: int) -> WorkerView:
@@ -177,9 +177,7 @@ def test_a_request_is_priced_at_its_own_context_on_a_device_that_slows_with_it(p
     prediction would be off by the sum of its rows' extra context."""
     k, c, others = 2e-5, 1000, 2
     device = SimProfile("gpu", 2551.0, GPU.decode_step_s, decode_context_s=k)
-    world = World()
-    cfg = EngineConfig(max_active=4, step_tokens=64, cache_tokens=0)
-    w = TwinWorker(world, "w", device, cfg, lambda wid, msgs: None, NO_DELAY)
+    _, w = _twin(4, 64, device)
     for i in range(others):
         r = Request(f"r{i}", [1000 + i] * c, SamplingParams(max_tokens=400, ignore_eos=True))
         w.engine.submit(r)

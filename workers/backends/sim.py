@@ -139,6 +139,10 @@ class SimProfile:
         decode_s = self.step_s(decode_batch) + self.decode_context_s * context_tokens
         return prefill_tokens / self.prefill_tok_s + decode_s
 
+    def step_cost_s(self, decode: list[Request], prefill: list[tuple[Request, int]]) -> float:
+        """``cost_s`` of one engine step given its rows (the backend ``run`` arguments)."""
+        return self.cost_s(sum(n for _, n in prefill), len(decode), decode_context(decode))
+
     def decode_tok_s(self) -> list[float]:
         """Aggregate decode tok/s at batch size 1, 2, ... (what a worker advertises)."""
         return [b / self.step_s(b) for b in range(1, len(self.decode_step_s) + 1)]
@@ -225,8 +229,7 @@ class SimBackend:
 
     # ------------------------------------------------------------ the step
     def run(self, decode: list[Request], prefill: list[tuple[Request, int]]) -> dict[str, int]:
-        prefill_tokens = sum(n for _, n in prefill)
-        cost_s = self.profile.cost_s(prefill_tokens, len(decode), decode_context(decode))
+        cost_s = self.profile.step_cost_s(decode, prefill)
         now = time.monotonic()
         start = now if self._idle else max(self._free_at, now - cost_s)
         self._free_at = start + cost_s
