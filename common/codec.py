@@ -93,11 +93,13 @@ class Codec:
         self._checked = tuple((name, check) for name, _, check in checked)
         self._checked_passes = tuple(passes for _, passes, _ in checked)
         names = [name for name, _, _ in checked]
-        self._values: Callable[[dict[str, Any]], tuple[Any, ...]] = (
-            _no_values if not names else operator.itemgetter(*names)
-        )
-        if len(names) == 1:
+        self._values: Callable[[dict[str, Any]], tuple[Any, ...]]
+        if not names:
+            self._values = _no_values
+        elif len(names) == 1:  # itemgetter of one name gives the value, not a tuple
             self._values = partial(_one_value, names[0])
+        else:
+            self._values = operator.itemgetter(*names)
 
     def build(self, body: dict[str, Any]) -> Any:
         """An instance from ``body`` (a str-keyed map; modified in place)."""
