@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from tandem.cli.options import out_file_option
 from tandem.client import AsyncClient
 from tandem.common.model_files import default_model_path
 from tandem.common.protocol import SamplingParams
@@ -127,7 +128,7 @@ def ttft_pair(cl: Cluster) -> tuple[float, float, int, int]:
 @click.option("--threads", type=int, default=2)
 @click.option("--n-out", type=int, default=64)
 @click.option("--repeats", type=int, default=3)
-@click.option("--out", type=click.Path(dir_okay=False), default=None)
+@out_file_option()
 def main(threads: int, n_out: int, repeats: int, out: str | None) -> None:
     model = str(default_model_path())
     prompt_ids = TextTokenizer(tokenizer_spec_from_gguf(model)).encode("Story 0:")

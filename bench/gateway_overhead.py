@@ -28,6 +28,7 @@ from pathlib import Path
 import click
 import psutil
 
+from tandem.cli.options import out_file_option
 from tandem.client import AsyncClient
 from tandem.launcher.cluster import Cluster, WorkerSpec
 
@@ -204,7 +205,7 @@ def report(seq: dict, agg: dict, cpu: dict, args: dict, load: tuple[float, float
 @click.option("--concurrency", type=int, default=8, show_default=True)
 @click.option("--rounds", type=int, default=5, show_default=True)
 @click.option("--max-tokens", type=int, default=64, show_default=True)
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Append the report.")
+@out_file_option(help="Append the report.")
 def main(backend, profile, threads, n, concurrency, rounds, max_tokens, out) -> None:
     """Measure what the HTTP gateway adds over the Python client."""
     worker = ["--backend", backend, "--max-active", str(concurrency), "--n-ctx", "8192"]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from tandem.cli.options import out_file_option
 from tandem.client import AsyncClient
 from tandem.common.model_files import default_model_path
 from tandem.launcher.cluster import Cluster, WorkerSpec
@@ -128,7 +129,7 @@ def tandem_mlx(
 @click.option("--n-out", type=int, default=128)
 @click.option("--prompt-len", type=int, default=512)
 @click.option("--repeats", type=int, default=3)
-@click.option("--out", type=click.Path(dir_okay=False), default=None)
+@out_file_option()
 def main(
     device: str, batches: str, n_out: int, prompt_len: int, repeats: int, out: str | None
 ) -> None:

@@ -54,6 +54,7 @@ from typing import Any
 
 import click
 
+from tandem.cli.options import out_file_option
 from tandem.common import protocol as p
 from tandem.common.affinity import parse_cpus
 from tandem.common.protocol import SamplingParams
@@ -247,7 +248,7 @@ def _mask_modes(backend: Any, mode: str) -> Any:
     help="Also run each mode beside a busy llama.cpp engine on these cores.",
 )
 @click.option("--neighbour-threads", type=int, default=10, show_default=True)
-@click.option("--out", type=click.Path(dir_okay=False), default=None)
+@out_file_option()
 def main(
     backend_name: str, device: str, model: str | None, threads: int, batches: str,
     steps: int, rounds: int, modes: str, neighbour_cpus: str | None,

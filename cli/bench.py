@@ -17,6 +17,7 @@ from click.core import ParameterSource
 
 from tandem.bench.workload import KINDS
 from tandem.broker.policies import DEFAULT_POLICY
+from tandem.cli.options import out_file_option
 
 _DEFAULTS: dict[str, Any] = {
     "workers": (),
@@ -278,7 +279,7 @@ def twin_oracle(result: str, budget: int, served_from: str, out_dir: str | None)
 @click.option("--requests", type=int, default=4000, show_default=True, help="For req/s.")
 @click.option("--stream-tokens", type=int, default=2000, show_default=True,
               help="Tokens per stream (64 streams) for tok/s.")  # fmt: skip
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write JSON here.")
+@out_file_option(help="Write JSON here.")
 def router_bench(runs: int, requests: int, stream_tokens: int, out: str | None) -> None:
     """The router's own cost against a null worker (bench/router_overhead.py)."""
     import json

@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from tandem.cli.bench import bench, build_config, command_line
+from tandem.cli.options import out_file_option
 
 _SKIP = {"rates", "transport", "keep_token_times", "no_progress", "out_dir"}  # bench-only
 
@@ -85,8 +86,7 @@ sim = click.Group(
 
 @sim.command("validate")
 @click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
-              help="Write the comparison as markdown here too.")  # fmt: skip
+@out_file_option("--out", "out_file", help="Write the comparison as markdown here too.")
 def validate(results: tuple[str, ...], out_file: str | None) -> None:
     """Replay recorded sim bench RESULTS in the twin; compare makespans and placements."""
     import json
@@ -111,7 +111,7 @@ def validate(results: tuple[str, ...], out_file: str | None) -> None:
     show_default=True,
     help="Workers measure themselves at start, as real workers do by default.",
 )
-@click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None)
+@out_file_option("--out", "out_file")
 def robustness(policies: tuple[str, ...], small: bool, warmup: bool, out_file: str | None) -> None:
     """Fool the router (noisy, wrong and stale prices, a late worker) and compare policies."""
     from tandem.twin.robustness import render, run_suite
