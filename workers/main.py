@@ -11,6 +11,7 @@ import uuid
 
 from tandem.common import protocol as p
 from tandem.common.affinity import pin
+from tandem.common.settings import env_str
 from tandem.workers.backends import build_backend
 from tandem.workers.config import WorkerConfig
 from tandem.workers.engine import Backend, Engine
@@ -46,6 +47,15 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
     engine = Engine(backend, cfg.engine, link.emit, worker_id, inbox)
     if warm is not None:  # the router's live model starts from the measurement
         engine.timer.adopt(warm.stats)
+    trace_dir = env_str("STEP_TRACE_DIR", "")
+    if trace_dir:  # every step this worker serves, to a CSV of its own (workers/steptimer.py)
+        path = os.path.join(trace_dir, f"{worker_id}-{os.getpid()}.csv")
+        try:
+            os.makedirs(trace_dir, exist_ok=True)
+            engine.timer.trace_to(path)
+            log.info("tracing steps to %s", path)
+        except OSError as exc:  # a diagnostic: the worker serves without it
+            log.warning("cannot trace steps to %s: %s", path, exc)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: _stop_within(stop, EXIT_GRACE_S))
@@ -65,6 +75,7 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
     finally:
         stop.set()
         io_thread.join(timeout=2)
+        engine.timer.close_trace()
     if link.fatal:
         log.error("router refused this worker: %s", link.fatal)
         return 2

@@ -12,6 +12,13 @@ when it changed, at most every ``every_s``. In the twin, a GPU that slows 1.5x
 a second into a 48-burst was priced by its old speed until the burst's last
 decisions with the once-a-second cadence alone (docs/results/twin/README.md).
 
+With a trace file (``trace_to``; ``TANDEM_STEP_TRACE_DIR`` for a worker process),
+every recorded step is also written out as it is recorded — its start on the
+engine's clock, batch, context, prefill tokens, seconds, and the per-request
+seconds left out of it — up to ``TRACE_MAX_STEPS`` lines: what a window's median
+hides (a GPU's 16-row steps once priced at 2.1 ms where its rows waited 14 ms,
+docs/results/h200/matrix-warm7/) is there step by step.
+
 Work that belongs to one request, not to a step — admitting it (restoring its
 cached prefix into the batch) and finishing it (storing its KV in the prefix
 cache) — is timed apart (``per_request``) and left out of the step it fell in.
@@ -22,15 +29,21 @@ up to 2x slower in serving than the warm-up measured them (docs/results/h200/).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 from tandem.common.steptime import StepStats
 
+log = logging.getLogger(__name__)
+
 MOVED = 0.2  # an estimate this far (relative) from the one the router holds is news
 MOVE_CHECK_S = 0.25  # the moved check runs at most this often (it reads every window)
+TRACE_MAX_STEPS = 1_000_000  # a trace stops there (~40 MB)
+TRACE_HEADER = "start_s,batch,context_tokens,prefill_tokens,seconds,excluded_s\n"
 
 
 class StepTimer:
@@ -49,6 +62,8 @@ class StepTimer:
         self._sent: tuple[int, int, float] | None = None  # (version, sizes, clock time)
         self._sent_steps: dict[int, float] = {}  # batch -> raw step estimate the router holds
         self._checked_at = -1e300  # when the moved check last ran
+        self._trace: TextIO | None = None
+        self._traced = 0
 
     # ------------------------------------------------------------ timing
     def start(self, batch: int, context_tokens: int, prefill_tokens: int) -> None:
@@ -64,7 +79,36 @@ class StepTimer:
             end = self.clock() if t_end is None else t_end
             self.stats.record(batch, context, prefill, end - t0 - self._excluded)
             self._open = None
+            if self._trace is not None:
+                self._write_trace(t0, batch, context, prefill, end - t0 - self._excluded)
         self._excluded = 0.0
+
+    def trace_to(self, path: str | Path) -> None:
+        """Write every step recorded from now on to ``path`` (CSV, line-buffered: a
+        worker ends without flushing its files)."""
+        self.close_trace()
+        self._trace = open(path, "w", buffering=1)  # noqa: SIM115 (held until close_trace)
+        self._trace.write(TRACE_HEADER)
+        self._traced = 0
+
+    def close_trace(self) -> None:
+        if self._trace is not None:
+            self._trace.close()
+            self._trace = None
+
+    def _write_trace(self, t0: float, batch: int, context: int, prefill: int, s: float) -> None:
+        assert self._trace is not None
+        if self._traced >= TRACE_MAX_STEPS:
+            self.close_trace()
+            return
+        self._traced += 1
+        try:
+            self._trace.write(
+                f"{t0:.6f},{batch},{context},{prefill},{s:.7f},{self._excluded:.7f}\n"
+            )
+        except OSError as exc:  # a full disk ends the trace, never the serving
+            log.warning("step trace stopped: %s", exc)
+            self._trace = None
 
     def discard(self) -> None:
         """The open step failed: it measures nothing."""

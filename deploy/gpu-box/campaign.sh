@@ -8,7 +8,7 @@
 # saves after every run, so a cut stage keeps its finished runs). RUNS8 / RUNS48
 # set the runs per case of the seed stages (the preset's 3 by default), RUNSQ those
 # of the `qwen` stage (a Qwen2.5-0.5B-shaped model with random weights; 1 run).
-# RUNSP, PROOF_POLICIES, SWEEP, MATRIX_N, GPU_MAX, RATE, WARM: see the stages below.
+# RUNSP, PROOF_POLICIES, SWEEP, MATRIX_N, GPU_MAX, RATE, WARM, STEP_TRACE: see below.
 #
 # The box keeps files between calls only while it stays warm, so settings chosen by
 # the `knobs` stage are kept in $TANDEM_CACHE_DIR/campaign.env and read by later calls.
@@ -32,6 +32,9 @@ OUTLIER=${OUTLIER:-180,11,332,560,632,748,656,698,653,571,622,793,502,606,481,52
 # fresh router (`tandem bench --reuse-workers`): a GPU worker's start is most of a
 # fresh run's device time, and a serving worker's step model is what a router meets.
 REUSE=${WARM:+--reuse-workers}
+# STEP_TRACE=1: every worker writes each engine step it times to $OUT/h200/steps/
+# (workers/steptimer.py: start, batch, context, prefill, seconds), packed with the rest.
+[ -n "${STEP_TRACE:-}" ] && export TANDEM_STEP_TRACE_DIR="$out/steps"
 envfile="$TANDEM_CACHE_DIR/campaign.env"
 # shellcheck disable=SC1090
 [ -f "$envfile" ] && { set -a; . "$envfile"; set +a; cp "$envfile" "$out/campaign.env"; }

@@ -56,3 +56,47 @@ def test_the_moved_check_runs_at_most_every_move_check_s() -> None:
     clock.now += 0.002
     timer.stop()
     assert timer.report() is not None
+
+
+def test_a_trace_holds_every_recorded_step_as_it_was_timed(tmp_path, monkeypatch) -> None:
+    import tandem.workers.steptimer as steptimer
+
+    clock = Clock()
+    timer = StepTimer(every_s=1.0, resend_s=30.0, clock=clock)
+    path = tmp_path / "gpu.csv"
+    timer.trace_to(path)
+    timer.start(16, 516, 0)
+    clock.now += 0.002
+    with timer.per_request():  # one request's admission: left out of the step
+        clock.now += 0.003
+    clock.now += 0.005
+    timer.start(16, 517, 0)  # the period ends where the next step starts
+    clock.now += 0.014
+    timer.stop()
+    header, *rows = path.read_text().splitlines()
+    assert header.split(",") == ["start_s", "batch", "context_tokens", "prefill_tokens",
+                                 "seconds", "excluded_s"]  # fmt: skip
+    parsed = [[float(x) for x in row.split(",")] for row in rows]
+    assert parsed[0] == pytest.approx([0.0, 16, 516, 0, 0.007, 0.003])
+    assert parsed[1] == pytest.approx([0.010, 16, 517, 0, 0.014, 0.0])
+    # The same seconds went to the model the router is sent.
+    assert [x for x, _ in timer.stats.decode[16].samples] == pytest.approx([0.007, 0.014])
+
+    monkeypatch.setattr(steptimer, "TRACE_MAX_STEPS", 3)
+    timer.trace_to(path)
+    steps(timer, clock, 5, 0.010)
+    assert len(path.read_text().splitlines()) == 1 + 3  # bounded: then the file is closed
+    assert timer._trace is None
+
+
+def test_a_trace_that_cannot_be_written_ends_quietly(tmp_path) -> None:
+    class FullDisk:
+        def write(self, _: str) -> int:
+            raise OSError(28, "No space left on device")
+
+    clock = Clock()
+    timer = StepTimer(every_s=1.0, resend_s=30.0, clock=clock)
+    timer._trace = FullDisk()  # type: ignore[assignment]
+    steps(timer, clock, 3, 0.010)  # the steps are still timed and modelled
+    assert timer._trace is None
+    assert len(timer.stats.decode[4].samples) == 3
