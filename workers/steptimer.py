@@ -77,10 +77,11 @@ class StepTimer:
         if self._open is not None:
             t0, (batch, context, prefill) = self._open
             end = self.clock() if t_end is None else t_end
-            self.stats.record(batch, context, prefill, end - t0 - self._excluded)
+            seconds = end - t0 - self._excluded
+            self.stats.record(batch, context, prefill, seconds)
             self._open = None
             if self._trace is not None:
-                self._write_trace(t0, batch, context, prefill, end - t0 - self._excluded)
+                self._write_trace(t0, batch, context, prefill, seconds)
         self._excluded = 0.0
 
     def trace_to(self, path: str | Path) -> None:
