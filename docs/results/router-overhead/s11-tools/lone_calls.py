@@ -7,13 +7,11 @@ import logging
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import zmq
+from lone_path import lone_path, serve
 
-from tandem.bench import null_peers
 from tandem.bench import router_overhead as ro
 
 
@@ -22,8 +20,6 @@ def inst_router(client, worker, stop):
     from tandem.common.settings import Addresses
 
     logging.basicConfig(level=logging.ERROR)
-    local = threading.Event()
-    threading.Thread(target=lambda: (stop.wait(), local.set()), daemon=True).start()
     pc = time.perf_counter
     marks = []
     r = Router(RouterConfig(addresses=Addresses(client, worker)))
@@ -82,22 +78,16 @@ def inst_router(client, worker, stop):
 
         setattr(rm, n, mk())
     try:
-        r.serve(local)
+        serve(r, stop)
     finally:
         Path(tempfile.gettempdir(), "router_marks.json").write_text(json.dumps(marks[-200000:]))
 
 
 def main():
-    c, w = ro._addr(), ro._addr()
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
-    with ro._processes((inst_router, (c, w)), (null_peers.null_worker, (w, "router"))) as procs:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(c)
-        ro._warm(sock, procs=procs)
+    with lone_path(inst_router) as (sock, procs):
         frames = [ro._submit(f"q{i}", 1) for i in range(n)]
         ro._drive(sock, frames, 1)
-        sock.close(0)
     time.sleep(0.5)
     marks = json.loads(Path(tempfile.gettempdir(), "router_marks.json").read_text())
     # per turn: split at "turn>" ; print durations of each tag (self time not computed; inclusive)

@@ -4,16 +4,16 @@ every process). usage: lone_split.py [N]; PIN=1 pins router and the rest to diff
 
 import json
 import logging
+import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import zmq
+import psutil
+from lone_path import lone_path, serve
 
-from tandem.bench import null_peers
 from tandem.bench import router_overhead as ro
 
 
@@ -22,8 +22,6 @@ def inst_router(client, worker, stop):
     from tandem.common.settings import Addresses
 
     logging.basicConfig(level=logging.ERROR)
-    local = threading.Event()
-    threading.Thread(target=lambda: (stop.wait(), local.set()), daemon=True).start()
     rec = []
 
     class R(Router):
@@ -59,23 +57,14 @@ def inst_router(client, worker, stop):
 
         sock.flush = wrap()
     try:
-        r.serve(local)
+        serve(r, stop)
     finally:
         Path(tempfile.gettempdir(), "router_rec.json").write_text(json.dumps(rec))
 
 
 def main():
-    c, w = ro._addr(), ro._addr()
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
-    with ro._processes((inst_router, (c, w)), (null_peers.null_worker, (w, "router"))) as procs:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(c)
-        ro._warm(sock, procs=procs)
-        import os
-
-        import psutil
-
+    with lone_path(inst_router) as (sock, procs):
         if os.environ.get("PIN"):
             rp = psutil.Process(procs[0].pid)
             for t in rp.threads():
@@ -97,7 +86,6 @@ def main():
                 if any(m.get("type") == "done" for m in msgs):
                     break
             out.append((rid, t0, time.perf_counter()))
-        sock.close(0)
     time.sleep(0.5)
     rec = json.loads(Path(tempfile.gettempdir(), "router_rec.json").read_text())
     turns = {}
