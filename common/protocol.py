@@ -22,11 +22,11 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 import msgpack
 
-from tandem.common.codec import FieldError, codec_for
+from tandem.common.codec import FieldError, Wire, codec_for
 from tandem.common.errors import ErrorCode, Problem
 from tandem.common.validation import message_problem
 
@@ -384,6 +384,10 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
 # Each class is compiled once, here at import (common/codec.py says how and why).
 _CODECS = {cls: codec_for(cls) for cls in MESSAGE_TYPES.values()}
 
+# The fast path (common/codec.py, ``Wire``): msgspec checks and builds every frame in C;
+# the hand-written codecs above only word the error of a frame it refuses.
+_WIRE = Wire(MESSAGE_TYPES, PROTOCOL_VERSION, batch=Batch)
+
 
 _STR_ONLY = frozenset({str})
 
@@ -403,6 +407,10 @@ def _pack(body: dict[str, Any]) -> bytes:
 
 
 def encode(msg: Message) -> bytes:
+    return _WIRE.encode(msg)
+
+
+def _encode_slow(msg: Message) -> bytes:
     body = _CODECS[type(msg)].to_map(msg)  # nested dataclasses become maps, StrEnums stay str
     body["v"] = PROTOCOL_VERSION
     body["type"] = msg.TYPE
@@ -418,9 +426,7 @@ def batch_entry(msg: Message) -> bytes:
     """``msg`` packed as one entry of a batch: its map with ``type`` and without ``v``.
     ``encode_batch`` joins them; a sender that bounds its frames by size packs them
     one by one and joins them with ``join_batch``."""
-    body = _CODECS[type(msg)].to_map(msg)
-    body["type"] = msg.TYPE
-    return _pack(body)
+    return _WIRE.encode_entry(msg)
 
 
 def join_batch(entries: Sequence[bytes]) -> bytes:
@@ -441,7 +447,33 @@ _BATCH_HEAD = bytes((_BATCH_HEAD[0] + 1,)) + _BATCH_HEAD[1:] + msgpack.packb("me
 
 def decode(frame: bytes) -> Message:
     """Parse and validate one frame; raise ProtocolError on anything unexpected.
-    A ``batch`` frame comes back as a Batch of raw maps (see ``decode_all``)."""
+    A ``batch`` frame comes back as a Batch of packed entries (see ``decode_all``)."""
+    try:
+        msg = _WIRE.decode(frame)
+    except FieldError as refused:  # the hand-written codecs say why
+        _refused(refused, _decode_slow, frame)
+    _check(msg)
+    return msg
+
+
+def _refused(refused: FieldError, explain: Any, frame: Any) -> NoReturn:
+    """Raise the ProtocolError that ``explain(frame)`` (the hand-written path) raises
+    for a frame the fast path refused; if it finds nothing wrong, msgspec's reason."""
+    msg = explain(frame)
+    rid = getattr(msg, "request_id", None)
+    raise ProtocolError(BAD_REQUEST, str(refused), rid if type(rid) is str else None)
+
+
+def _check(msg: Message) -> None:
+    """Values within bounds (common/validation.py); a batch's entries are checked one
+    by one when it is unpacked, so its own check is only on their number."""
+    problem = message_problem(msg)
+    if problem is not None:
+        rid = getattr(msg, "request_id", None)
+        raise ProtocolError(problem.code, problem.message, rid if type(rid) is str else None)
+
+
+def _decode_slow(frame: bytes) -> Message:
     try:
         body = msgpack.unpackb(frame, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types
@@ -476,13 +508,28 @@ def decode_all(frame: bytes) -> list[Message | ProtocolError]:
 def entries(batch: Batch) -> list[Message | ProtocolError]:
     """A decoded batch's messages, as ``decode_all`` gives them."""
     out: list[Message | ProtocolError] = []
-    for body in batch.messages:
-        rid = body.get("request_id")
+    for raw in batch.messages:
         try:
-            out.append(_build(body, rid if type(rid) is str else None, in_batch=True))
+            try:
+                msg = _WIRE.entry(raw)
+            except FieldError as refused:  # the hand-written codecs say why
+                _refused(refused, _entry_slow, raw)
+            _check(msg)
+            out.append(msg)
         except ProtocolError as exc:
             out.append(exc)
     return out
+
+
+def _entry_slow(raw: Any) -> Message:
+    try:
+        body = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:
+        raise ProtocolError(BAD_FRAME, f"batch entry is not valid msgpack: {exc}") from None
+    if type(body) is not dict or not _STR_ONLY.issuperset(map(type, body)):
+        raise ProtocolError(BAD_FRAME, "a batch entry must be a map with string keys")
+    rid = body.get("request_id")
+    return _build(body, rid if type(rid) is str else None, in_batch=True)
 
 
 def _build(body: dict[str, Any], rid: str | None, in_batch: bool = False) -> Message:

@@ -66,6 +66,7 @@ def _bad(what: str) -> Problem:
 
 
 _PLAIN = frozenset({str, int, bool, type(None)})  # nothing to check below these
+_STR_ONLY = frozenset({str})  # map keys (msgspec reads any key inside a free-form value)
 
 
 def _tree_ok(value: Any, depth: int) -> bool:
@@ -78,6 +79,8 @@ def _tree_ok(value: Any, depth: int) -> bool:
     if isinstance(value, float):
         return math.isfinite(value)
     if isinstance(value, dict):
+        if not _STR_ONLY.issuperset(map(type, value)):
+            return False
         values: Any = value.values()
     elif isinstance(value, list | tuple):
         if not value or isinstance(value[0], int):
@@ -111,6 +114,8 @@ def _tree_problem(value: Any, depth: int, path: str = "") -> Problem | None:
     if isinstance(value, float) and not math.isfinite(value):
         return _bad(f"{path} must be a finite number, got {value!r}")
     if isinstance(value, dict):
+        if not _STR_ONLY.issuperset(map(type, value)):
+            return _bad(f"map keys must be strings (at {path or 'the message'})")
         items: Any = value.items()
     elif isinstance(value, list | tuple):
         if value and isinstance(value[0], int):

@@ -18,7 +18,8 @@ dl() {
 }
 # Versions pinned to what tandem is tested with; the box already has numpy,
 # msgpack, click, psutil, tokenizers, transformers, jinja2, matplotlib, rich.
-dl mlx==0.32.4 mlx-cuda-13==0.32.4 mlx-lm==0.32.2 pyzmq==27.3.0 gguf==0.19.0 diskcache==5.6.3
+dl mlx==0.32.4 mlx-cuda-13==0.32.4 mlx-lm==0.32.2 pyzmq==27.3.0 gguf==0.19.0 diskcache==5.6.3 \
+  msgspec==0.23.0
 # llama-cpp-python compiles from source; ship the wheel pip built (and cached) here.
 whl=$(find "${PIP_CACHE_DIR:-$HOME/.cache/pip}" -name 'llama_cpp_python-0.3.36-*.whl' | head -1)
 [ -n "$whl" ] || { echo "no llama-cpp-python wheel in the pip cache: run deploy/setup.sh first" >&2; exit 1; }
