@@ -10,7 +10,9 @@ ever see values inside the limits below (documented in docs/PROTOCOL.md).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import typing
 from collections.abc import Callable
 from functools import partial
 from itertools import compress
@@ -53,12 +55,48 @@ def message_problem(msg: p.Message) -> Problem | None:
     if msg.TYPE == "batch":  # its entries are checked one by one as it is unpacked
         return _within("len(messages)", len(msg.messages), 1, MAX_BATCH)  # type: ignore[attr-defined]
     # The fast walk decides; only a frame it refuses pays for naming the place.
-    if not _tree_ok(msg.__dict__, 0):
-        problem = _tree_problem(msg.__dict__, 0)
+    loose = _loose_fields(type(msg))
+    # By attribute: msgspec leaves a field at its class default unset on the instance.
+    if loose and not _tree_ok({name: getattr(msg, name) for name in loose}, 0):
+        fields = {name: getattr(msg, name) for name in _field_names(type(msg))}
+        problem = _tree_problem(fields, 0)
         if problem is not None:
             return problem
     check = _CHECKS.get(msg.TYPE)
     return check(msg) if check is not None else None
+
+
+_LOOSE: dict[type[Any], tuple[str, ...]] = {}
+_NAMES: dict[type[Any], tuple[str, ...]] = {}
+
+
+def _field_names(cls: type[Any]) -> tuple[str, ...]:
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+def _loose_fields(cls: type[Any]) -> tuple[str, ...]:
+    """The fields of ``cls`` the walk must look into: free-form (``Any``) values, which
+    may nest and hold anything, and floats, which may be NaN. The decoder gives every
+    other field its declared type exactly (str, int, bool, lists of them, enums),
+    and those cannot break a bound the walk checks."""
+    names = _LOOSE.get(cls)
+    if names is None:
+        hints = typing.get_type_hints(cls)
+        fields = dataclasses.fields(cls)
+        names = _LOOSE[cls] = tuple(f.name for f in fields if _loose(hints[f.name]))
+    return names
+
+
+def _loose(hint: Any) -> bool:
+    if hint is Any or hint is float:
+        return True
+    if dataclasses.is_dataclass(hint):
+        hints = typing.get_type_hints(hint)
+        return any(_loose(hints[f.name]) for f in dataclasses.fields(hint))
+    return any(map(_loose, typing.get_args(hint)))
 
 
 def _bad(what: str) -> Problem:
@@ -87,7 +125,7 @@ def _tree_ok(value: Any, depth: int) -> bool:
             return True  # token lists: ints only (typed by the decoder), no need to walk
         values = value
     elif hasattr(value, "__dataclass_fields__"):
-        values = value.__dict__.values()
+        values = [getattr(value, name) for name in _field_names(type(value))]
     else:
         return True
     if depth >= MAX_DEPTH:  # every child is one level too deep, but plain ones?
@@ -122,7 +160,7 @@ def _tree_problem(value: Any, depth: int, path: str = "") -> Problem | None:
             return None  # token lists: ints only (typed by the decoder), no need to walk
         items = enumerate(value)
     elif hasattr(value, "__dataclass_fields__"):
-        items = value.__dict__.items()
+        items = [(name, getattr(value, name)) for name in _field_names(type(value))]
     else:
         return None
     for key, v in items:
