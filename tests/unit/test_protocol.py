@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import typing
 
 import msgpack
 import pytest
@@ -303,3 +304,33 @@ def test_the_fast_path_accepts_exactly_what_the_hand_written_checks_accept(msg, 
             body[name] = value
     frame = msgpack.packb(body)
     assert _outcome(p.decode, frame) == _outcome(p._decode_slow, frame)
+
+
+def _float_fields(cls, where=""):
+    """(path, nested class or None) of every float field, nested dataclasses included."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            yield from _float_fields(hint, f"{where}{f.name}.")
+        elif float in (hint, *typing.get_args(hint)):
+            yield f"{where}{f.name}", hint
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize(
+    ("msg", "path"),
+    [(m, path) for m in EXAMPLES for path, _ in _float_fields(type(m))],
+    ids=lambda x: x if isinstance(x, str) else x.TYPE,
+)
+def test_every_float_field_refuses_what_is_not_a_finite_number(msg, path, bad):
+    """The bounds walk skips declared floats (common/validation.py): each message's own
+    check must refuse NaN and infinities in every one of them."""
+    body = msgpack.unpackb(p.encode(msg))
+    *outer, name = path.split(".")
+    target = body
+    for part in outer:
+        target = target[part]
+    target[name] = [bad] if isinstance(target[name], list) else bad
+    with pytest.raises(p.ProtocolError):
+        p.decode(msgpack.packb(body))
