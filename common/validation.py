@@ -181,7 +181,8 @@ def _id_problem(name: str, value: str | None, required: bool = True) -> Problem 
 
 def _within(name: str, value: float, lo: float, hi: float) -> Problem | None:
     if not lo <= value <= hi:
-        return _bad(f"{name} must be in [{lo:g}, {hi:g}], got {value!r}")
+        what = "a finite number " if not math.isfinite(value) else ""
+        return _bad(f"{name} must be {what}in [{lo:g}, {hi:g}], got {value!r}")
     return None
 
 

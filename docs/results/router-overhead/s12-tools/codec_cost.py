@@ -17,10 +17,20 @@ FRAMES = {
     "submit (512 tokens)": p.Submit("q1", tokens=list(range(512)), sampling=p.SamplingParams(64)),
     "assign (512 tokens)": p.Assign("w1", list(range(512)), p.SamplingParams(64)),
     "tokens": p.TokenDelta("q1", [5], "x"),
-    "step_tokens (8 rows)": p.StepTokens([f"w{i}" for i in range(8)], [[i] for i in range(8)],
-                                         ["x"] * 8),  # fmt: skip
-    "done": p.Done("q1", p.FinishReason.LENGTH, {"prompt_tokens": 3, "cached_tokens": 0,
-                   "output_tokens": 1, "prefill_s": 0.002, "decode_s": 0.0}),  # fmt: skip
+    "step_tokens (8 rows)": p.StepTokens(
+        [f"w{i}" for i in range(8)], [[i] for i in range(8)], ["x"] * 8
+    ),  # fmt: skip
+    "done": p.Done(
+        "q1",
+        p.FinishReason.LENGTH,
+        {
+            "prompt_tokens": 3,
+            "cached_tokens": 0,
+            "output_tokens": 1,
+            "prefill_s": 0.002,
+            "decode_s": 0.0,
+        },
+    ),  # fmt: skip
     "heartbeat (4 rows)": p.Heartbeat("w", 7, rows[:2], rows[2:], 1024, 65536, {"add": [1, 2]}),
 }
 
