@@ -4,10 +4,11 @@ Two paths over the same declarations:
 
 - ``Wire``, the fast path every frame takes: msgspec (a well-kept C library for
   typed MessagePack) checks a frame against a Struct generated from its dataclass
-  and builds the dataclass, in C; encoding packs the dataclass as it is. A
-  512-token Submit decodes in ~1.5 us against 28 with the hand-written checks
-  below, an Assign encodes in 1.6 against 8.4; the router's CPU per request fell
-  ~18 % (docs/results/router-overhead.md, "msgspec").
+  and builds the dataclass, in C; encoding packs the dataclass as it is. With the
+  bounds checks (common/validation.py), a short Submit decodes in ~9 us against
+  ~24 by the hand-written path below, a token frame in ~3 against ~7; an Assign
+  encodes in ~2 against ~6; the router's CPU per routed request fell ~18 %
+  (docs/results/router-overhead.md, twelfth session).
 - ``codec_for(cls)``, the hand-written path, words the error of a frame the fast
   path refused, in the protocol's own codes and messages (tests and peers rely on
   them); it runs only then. It compiles a class once: its type hints are resolved
