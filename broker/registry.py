@@ -189,7 +189,7 @@ class WorkerState:
         self, active: tuple[Load, ...], queued: tuple[Load, ...], cached: int, live: bool
     ) -> WorkerView:
         rates = self.rates(live)
-        return WorkerView(
+        return WorkerView.of(
             id=self.id,
             prefill_rate=rates.prefill_tok_s,
             decode_rates=rates.decode_tok_s,

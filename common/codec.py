@@ -34,6 +34,8 @@ from itertools import compress
 from operator import contains, not_
 from typing import Any, Union
 
+import msgspec
+
 Check = Callable[[Any], Any]  # returns the (possibly converted) value or raises FieldError
 
 _EXACT: dict[Any, frozenset[type]] = {
@@ -292,16 +294,16 @@ class Wire:
     class's ``TYPE``; a frame's mirror has the version ``v`` as a required field, a
     batch entry's has none. Decoding a frame is then two passes in C: the tagged
     union of mirrors validates it (every field's type, no unknown or missing field),
-    and the class's own decoder builds the dataclass the code base uses. A frame the
-    mirrors refuse is handed back (``None``) for the hand-written codecs above to
-    name its fault in the protocol's words. Encoding packs the dataclass as it is
+    and the class's own decoder builds the dataclass the code base uses (msgspec
+    leaves a field at its class default unset on the instance: read fields by
+    attribute, not through ``__dict__``). A frame the mirrors refuse raises
+    FieldError in msgspec's words, for the hand-written codecs above to name its
+    fault in the protocol's. Encoding packs the dataclass as it is
     (nested ones become maps, StrEnums their values) and writes ``v`` and ``type``
     into the map's head.
     """
 
     def __init__(self, types_by_tag: dict[str, type[Any]], version: int, batch: type[Any]):
-        import msgspec
-
         self.version = version
         self._batch = batch
         nested: dict[type[Any], Any] = {}
@@ -310,11 +312,11 @@ class Wire:
         for tag, cls in types_by_tag.items():
             # A batch's entries stay packed: each is checked on its own (``entry``).
             raw = {"messages": list[msgspec.Raw]} if cls is batch else None
-            top = _mirror(msgspec, cls, nested, tag=tag, version=True, hints=raw)
+            top = _mirror(cls, nested, tag=tag, version=True, hints=raw)
             self._class_of[top] = cls
             tops.append(top)
             if cls is not batch:
-                entry = _mirror(msgspec, cls, nested, tag=tag, version=False)
+                entry = _mirror(cls, nested, tag=tag, version=False)
                 self._class_of[entry] = cls
                 entries.append(entry)
         self._errors = (msgspec.DecodeError, msgspec.ValidationError)
@@ -397,7 +399,6 @@ def _with_head(body: bytes, head: bytes, extra: int) -> bytes:
 
 
 def _mirror(
-    msgspec: Any,
     cls: type[Any],
     nested: dict[type[Any], Any],
     tag: str = "",
@@ -411,7 +412,7 @@ def _mirror(
     hints = typing.get_type_hints(cls) | (hints or {})
     fields: list[tuple[Any, ...]] = []
     for f in dataclasses.fields(cls):
-        hint = _mirror_hint(msgspec, hints[f.name], nested)
+        hint = _mirror_hint(hints[f.name], nested)
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         fields.append((f.name, hint) if required else (f.name, hint, None))
     if version:
@@ -426,10 +427,10 @@ def _mirror(
     return mirror
 
 
-def _mirror_hint(msgspec: Any, hint: Any, nested: dict[type[Any], Any]) -> Any:
+def _mirror_hint(hint: Any, nested: dict[type[Any], Any]) -> Any:
     if dataclasses.is_dataclass(hint):
-        return _mirror(msgspec, hint, nested)  # type: ignore[arg-type]
+        return _mirror(hint, nested)  # type: ignore[arg-type]
     item = _list_item(hint)
     if item is not None and dataclasses.is_dataclass(item):
-        return list[_mirror(msgspec, item, nested)]  # type: ignore[arg-type,misc]
+        return list[_mirror(item, nested)]  # type: ignore[arg-type,misc]
     return hint

@@ -61,6 +61,15 @@ class WorkerView:
     prefill_by_chunk: tuple[tuple[int, float], ...] = ()  # (chunk bucket tokens, tok/s) measured
     step_tokens: int = 256  # the worker's per-step token budget (Ready.step_tokens)
 
+    @classmethod
+    def of(cls, **fields: Any) -> WorkerView:
+        """The view with these fields, every one of them given, built without the frozen
+        class's ``__init__`` (4.4 against 0.7 us; the router builds one per worker whose
+        state moved, per decision)."""
+        view = object.__new__(cls)
+        view.__dict__.update(fields)
+        return view
+
     # Cached per view: the router reuses a view across decisions until the worker changes.
     @cached_property
     def memo(self) -> dict[str, Any]:

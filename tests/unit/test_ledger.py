@@ -7,6 +7,7 @@ workers and a fake client on DEALER sockets: no threads, no timing, no model.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -325,3 +326,15 @@ def test_a_finished_prompt_is_cached_there_before_any_heartbeat_says_so(h: Harne
     assert h.view("a", prompt).cached_tokens == 48
     h.router.workers["a"].cache.expire(float("inf"))  # two periods on, reports decide
     assert h.view("a", prompt).cached_tokens == 0
+
+
+def test_a_worker_s_view_is_built_with_every_field(h: Harness) -> None:
+    """``WorkerView.of`` skips ``__init__`` and its defaults: the router's views must
+    still equal the ones ``__init__`` makes, field for field."""
+    h.add_worker("a", (100.0, [50.0]))
+    h.submit("r0", prompt(0))
+    w = h.router.workers["a"]
+    for view in (w.base_view(), w.view(prompt(1))):
+        names = {f.name for f in dataclasses.fields(WorkerView)}
+        assert names <= view.__dict__.keys()
+        assert view == WorkerView(**{name: getattr(view, name) for name in names})
