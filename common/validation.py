@@ -15,8 +15,8 @@ import math
 import typing
 from collections.abc import Callable
 from functools import partial
-from itertools import compress
-from operator import is_not, not_
+from itertools import chain, compress
+from operator import attrgetter, is_not, not_
 from typing import TYPE_CHECKING, Any
 
 from tandem.common.errors import Problem
@@ -215,6 +215,10 @@ def _row(r: p.RequestRow) -> Problem | None:
     )
 
 
+_row_id = attrgetter("id")
+_row_counts = attrgetter("prompt", "cached", "prefill_remaining", "decode_remaining")
+
+
 def _heartbeat(m: p.Heartbeat) -> Problem | None:
     rows = m.active + m.queued
     return _first(
@@ -223,8 +227,28 @@ def _heartbeat(m: p.Heartbeat) -> Problem | None:
         _within("rows", len(rows), 0, MAX_ROWS),
         _within("kv_used_tokens", m.kv_used_tokens, 0, MAX_COUNT),
         _within("kv_capacity_tokens", m.kv_capacity_tokens, 0, MAX_COUNT),
-        *(_row(r) for r in rows),
+        _rows_problem(rows),
     )
+
+
+def _rows_problem(rows: list[p.RequestRow]) -> Problem | None:
+    """``_row`` of each row; a busy worker lists tens of rows in every heartbeat, so
+    the common case is decided in a few passes in C, and only a heartbeat with a bad
+    row walks them one by one to name it."""
+    if not rows:
+        return None
+    ids = list(map(_row_id, rows))
+    counts = list(chain.from_iterable(map(_row_counts, rows)))
+    lengths = list(map(len, ids))
+    if (
+        min(counts) >= 0
+        and max(counts) <= MAX_COUNT
+        and min(lengths) > 0
+        and max(lengths) <= MAX_ID_CHARS
+        and all(map(str.isprintable, ids))
+    ):
+        return None
+    return _first(*(_row(r) for r in rows))
 
 
 _NUMBERS = frozenset({int, float})
