@@ -41,6 +41,12 @@ def ready(**kw: object) -> p.Ready:
     return p.Ready(**fields)
 
 
+def rows_hb(active: list[tuple], queued: tuple[tuple, ...] | list[tuple] = ()) -> p.Heartbeat:
+    """A heartbeat listing these rows (id, prompt, cached, prefill left, decode left)."""
+    return p.Heartbeat("w", 1, [p.RequestRow(*r) for r in active],
+                       [p.RequestRow(*r) for r in queued], 0, 1, {})  # fmt: skip
+
+
 # ------------------------------------------------------------ bounds on decoded fields
 @pytest.mark.parametrize(
     "msg, needle",
@@ -52,31 +58,9 @@ def ready(**kw: object) -> p.Ready:
         (ready(worker_id="x" * 1000), "worker_id"),
         (ready(decode_tok_s=[1.0] * 5), "decode_tok_s"),
         (p.Heartbeat("w", 1, [p.RequestRow("r", -1, 0, 0, 0)], [], 0, 1, {}), "row counter"),
-        (
-            p.Heartbeat(
-                "w",
-                1,
-                [p.RequestRow("a", 1, 0, 0, 0)],
-                [p.RequestRow("b", 1, 0, 0, 2**41)],
-                0,
-                1,
-                {},
-            ),
-            "row counter",
-        ),
-        (
-            p.Heartbeat(
-                "w",
-                1,
-                [p.RequestRow("a", 1, 0, 0, 0), p.RequestRow("b\x00", 1, 0, 0, 0)],
-                [],
-                0,
-                1,
-                {},
-            ),
-            "row id",
-        ),
-        (p.Heartbeat("w", 1, [], [p.RequestRow("", 1, 0, 0, 0)], 0, 1, {}), "row id"),
+        (rows_hb([("a", 1, 0, 0, 0)], [("b", 1, 0, 0, 2**41)]), "row counter"),
+        (rows_hb([("a", 1, 0, 0, 0), ("b\x00", 1, 0, 0, 0)]), "row id"),
+        (rows_hb([], [("", 1, 0, 0, 0)]), "row id"),
         (p.Heartbeat("w", 1, [], [], 0, 1, {"a": [[[[[[[[[[1]]]]]]]]]]}), "nest"),
         (p.Done("r", p.FinishReason.LENGTH, {"prefill_s": "soon"}), "prefill_s"),
         (p.TokenDelta("r", [-5], ""), "token id"),
