@@ -30,6 +30,9 @@ class RouterConfig:
     # A request's Accepted waits this long for its first output and leaves in the same
     # frame (a worker that answers fast: one frame to the client, not two); 0: at once.
     accept_hold_ms: float = 2.0
+    # The most the loop polls without sleeping after a turn, adapted to the traffic
+    # (broker/spin.py): a sleeping thread can wake 1-2 ms late on a VM; 0: never poll.
+    spin_us: float = 2000.0
 
     def __post_init__(self) -> None:
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
@@ -37,6 +40,8 @@ class RouterConfig:
         parse_policy(self.policy)  # raises ValueError on an unknown policy
         if self.decode_estimate not in DECODE_ESTIMATES:
             raise ValueError(f"decode_estimate must be one of {DECODE_ESTIMATES}")
+        if not 0 <= self.spin_us <= 10_000:
+            raise ValueError("spin_us must be in 0..10000")
         if not 0 <= self.accept_hold_ms <= 1000:
             raise ValueError("accept_hold_ms must be in 0..1000")
         if self.liveness_s <= 0 or self.no_worker_wait_s < 0 or self.no_progress_s <= 0:

@@ -34,6 +34,7 @@ from tandem.broker.policies import Decision, Forced, NoCandidate, parse_policy
 from tandem.broker.registry import Routed, WorkerState, ready_problem
 from tandem.broker.relay import Pending, TokenOutbox
 from tandem.broker.requests import ClientRequest, PendingQueue, prompt_tokens, validate_submit
+from tandem.broker.spin import AdaptiveSpin
 from tandem.common import auth
 from tandem.common import protocol as p
 from tandem.common.tokenizer import TextTokenizer, TokenizerSpec
@@ -84,6 +85,7 @@ class Router:
         )
         self.views = ViewCache(self.calibration)
         self.outbox = TokenOutbox()
+        self.spin = AdaptiveSpin(self.cfg.spin_us / 1e6)
         self.tokenizer_hash = ""
         self._spec_asked_at = -SPEC_ASK_EVERY_S
         self._by_client: dict[tuple[bytes, str], str] = {}
@@ -120,7 +122,7 @@ class Router:
                     # short-lived objects of each request, cost more than a decision.
                     gc.freeze()
                     frozen_at = len(self.workers)
-                ready = dict(poller.poll(timeout=0 if more else self._poll_ms()))
+                ready = dict(poller.poll(timeout=0)) if more else self._wait(poller)
                 idle = not (more or self.requests or self.pending)
                 if idle and self.client_sock.sock not in ready:
                     # Idle, woken by heartbeats: let them gather for a moment, waking
@@ -140,6 +142,32 @@ class Router:
             self.guard.stop()
             if self.decisions:
                 self.decisions.close()
+
+    def _wait(self, poller: zmq.Poller) -> dict[Any, int]:
+        """The sockets with input: polled without sleeping for the spin window
+        (broker/spin.py), then waited for until ``_poll_ms``."""
+        start = time.monotonic()
+        window = self.spin.window_s
+        if window:  # no longer than a held Accepted may wait (_poll_ms)
+            deadline = start + min(window, self._poll_ms() / 1e3)
+            while True:
+                ready = dict(poller.poll(timeout=0))
+                if ready:
+                    traffic = self._traffic(ready)
+                    self.spin.waited(time.monotonic() - start, caught=traffic)
+                    return ready
+                if time.monotonic() >= deadline:
+                    break
+        ready = dict(poller.poll(timeout=self._poll_ms()))
+        elapsed = time.monotonic() - start if self._traffic(ready) else math.inf
+        self.spin.waited(elapsed, caught=False)
+        return ready
+
+    def _traffic(self, ready: dict[Any, int]) -> bool:
+        """Whether input that ended a wait is traffic, which keeps or earns polling: a
+        client's frame, or any while requests are out (an idle router's heartbeats
+        gather for 200 ms instead: serve)."""
+        return bool(self.requests) or self.client_sock.sock in ready
 
     def turn(self, ready: dict[Any, int] | None = None) -> bool:
         """One bounded slice of work; True when client work was left for the next turn.

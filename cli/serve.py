@@ -75,6 +75,7 @@ R, E, W, A = RouterConfig, EngineConfig, WorkerConfig, AdmissionConfig
 @field_option(A, "max_prompt_chars")
 @field_option(R, "no_progress_s", "Expire a worker holding requests with no progress this long.")
 @field_option(R, "accept_hold_ms", "Hold a request's Accepted this long for its first output.")
+@field_option(R, "spin_us", "Poll at most this long before sleeping, adapted to traffic; 0: off.")
 @keys_option
 def router(
     client_addr: str,
@@ -93,6 +94,7 @@ def router(
     max_prompt_chars: int,
     no_progress_s: float,
     accept_hold_ms: float,
+    spin_us: float,
     keys: str | None,
 ) -> None:
     """Run the router."""
@@ -119,6 +121,7 @@ def router(
             ),
             no_progress_s=no_progress_s,
             accept_hold_ms=accept_hold_ms,
+            spin_us=spin_us,
             keys=str(keys_dir(keys)) if keys else None,
         )
     except ValueError as exc:
