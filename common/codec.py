@@ -73,20 +73,15 @@ class Codec:
         fields = dataclasses.fields(cls)
         self.names = frozenset(f.name for f in fields)
         self._order = tuple(f.name for f in fields)
-        self._get = operator.attrgetter(*self._order) if len(self._order) > 1 else None
         # (name, required, types the check passes unchanged, check)
         self._checks: list[tuple[str, bool, frozenset[type], Check | None]] = []
-        self._nested: list[tuple[str, Check]] = []  # fields to turn into maps on encode
         for f in fields:
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
             hint = hints[f.name]
             check = _checker(hint, f"{self.label}.{f.name}")
             self._checks.append((f.name, required, _passes(hint), check))
-            enc = _encoder(hint)
-            if enc is not None:
-                self._nested.append((f.name, enc))
-        # A map with every field (what ``to_map`` writes): the fields with a check, their
-        # values read and type-tested in C; only those not passed as is go to Python.
+        # A map with every field: the fields with a check, their values read and
+        # type-tested in C; only those not passed as is go to Python.
         checked = [(name, passes, chk) for name, _, passes, chk in self._checks if chk is not None]
         self._checked = tuple((name, check) for name, _, check in checked)
         self._checked_passes = tuple(passes for _, passes, _ in checked)
@@ -125,16 +120,6 @@ class Codec:
                 body[name] = check(value)
         return self.cls(**body)
 
-    def to_map(self, obj: Any) -> dict[str, Any]:
-        """``obj``'s fields as a map; nested dataclasses as maps, the rest shared."""
-        if self._get is None:
-            body = {n: getattr(obj, n) for n in self._order}
-        else:
-            body = dict(zip(self._order, self._get(obj), strict=True))
-        for name, enc in self._nested:
-            body[name] = enc(body[name])
-        return body
-
 
 _CODECS: dict[type[Any], Codec] = {}
 
@@ -144,17 +129,6 @@ def codec_for(cls: type[Any]) -> Codec:
     if codec is None:
         codec = _CODECS[cls] = Codec(cls)
     return codec
-
-
-def _encoder(hint: Any) -> Check | None:
-    """How a field becomes msgpack-ready: None when it already is."""
-    if dataclasses.is_dataclass(hint):
-        return codec_for(hint).to_map  # type: ignore[arg-type]
-    item = _list_item(hint)
-    if item is not None and dataclasses.is_dataclass(item):
-        to_map = codec_for(item).to_map  # type: ignore[arg-type]
-        return lambda rows: [to_map(r) for r in rows]
-    return None
 
 
 _ABSENT = object()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -392,29 +391,8 @@ _WIRE = Wire(MESSAGE_TYPES, PROTOCOL_VERSION, batch=Batch)
 _STR_ONLY = frozenset({str})
 
 
-_packers = threading.local()
-
-
-def _pack(body: dict[str, Any]) -> bytes:
-    """``msgpack.packb(body, use_bin_type=True)`` with this thread's Packer: ``packb``
-    makes (and frees) a Packer and its buffer per call, ~2.5x the cost of the packing
-    of a small message."""
-    try:
-        pack = _packers.pack
-    except AttributeError:
-        pack = _packers.pack = msgpack.Packer(use_bin_type=True).pack
-    return pack(body)
-
-
 def encode(msg: Message) -> bytes:
     return _WIRE.encode(msg)
-
-
-def _encode_slow(msg: Message) -> bytes:
-    body = _CODECS[type(msg)].to_map(msg)  # nested dataclasses become maps, StrEnums stay str
-    body["v"] = PROTOCOL_VERSION
-    body["type"] = msg.TYPE
-    return _pack(body)
 
 
 def encode_batch(msgs: Sequence[Message]) -> bytes:
