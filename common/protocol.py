@@ -437,9 +437,7 @@ def decode(frame: bytes) -> Message:
 def _refused(refused: FieldError, explain: Any, frame: Any) -> NoReturn:
     """Raise the ProtocolError that ``explain(frame)`` (the hand-written path) raises
     for a frame the fast path refused; if it finds nothing wrong, msgspec's reason."""
-    msg = explain(frame)
-    rid = getattr(msg, "request_id", None)
-    raise ProtocolError(BAD_REQUEST, str(refused), rid if type(rid) is str else None)
+    raise ProtocolError(BAD_REQUEST, str(refused), _request_id(explain(frame)))
 
 
 def _check(msg: Message) -> None:
@@ -447,8 +445,12 @@ def _check(msg: Message) -> None:
     by one when it is unpacked, so its own check is only on their number."""
     problem = message_problem(msg)
     if problem is not None:
-        rid = getattr(msg, "request_id", None)
-        raise ProtocolError(problem.code, problem.message, rid if type(rid) is str else None)
+        raise ProtocolError(problem.code, problem.message, _request_id(msg))
+
+
+def _request_id(msg: Message) -> str | None:
+    rid = getattr(msg, "request_id", None)
+    return rid if type(rid) is str else None
 
 
 def _decode_slow(frame: bytes) -> Message:
@@ -521,9 +523,5 @@ def _build(body: dict[str, Any], rid: str | None, in_batch: bool = False) -> Mes
         msg = _CODECS[cls].build(body)
     except FieldError as exc:
         raise ProtocolError(BAD_REQUEST, str(exc), rid) from None
-    # Values within bounds (common/validation.py); a batch's entries are checked one
-    # by one when it is unpacked, so its own check is only on their number.
-    problem = message_problem(msg)
-    if problem is not None:
-        raise ProtocolError(problem.code, problem.message, rid)
+    _check(msg)
     return msg
