@@ -25,8 +25,19 @@ class ArrivalLog:
     def note(self, now: float) -> tuple[float, ...]:
         """Record an arrival at ``now``; returns how long before it each earlier
         arrival of the window came, newest first."""
+        return ages(now, self.record(now))
+
+    def record(self, now: float) -> tuple[float, ...]:
+        """Record an arrival at ``now``; returns the clock times of the window's earlier
+        arrivals, newest first (``ages`` makes them ``note``'s answer, when read: a
+        router with one candidate never reads them)."""
         while self._times and now - self._times[0] > self.WINDOW_S:
             self._times.popleft()
-        before = tuple(map(sub, repeat(now), reversed(self._times)))  # now - t, in C
+        earlier = tuple(reversed(self._times))
         self._times.append(now)
-        return before
+        return earlier
+
+
+def ages(now: float, times: tuple[float, ...]) -> tuple[float, ...]:
+    """How long before ``now`` each of ``times`` was."""
+    return tuple(map(sub, repeat(now), times))  # in C

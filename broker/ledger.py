@@ -99,10 +99,11 @@ class ViewCache:
     ) -> list[WorkerView]:
         """``view`` of each of ``workers`` the request fits (``WorkerState.fits``) that
         has room (``inflight_cap``), in their order. The per-decision work is kept off
-        the workers that did not change: ``_Pool`` keeps each one's base view (None
-        without room) across decisions, rebuilt for those whose ``version`` moved;
-        what is left per worker runs in C (the version list, the prefix check)."""
+        the workers that did not change: ``_Pool`` keeps each one's base view across
+        decisions, rebuilt for those whose ``version`` moved; what is left per worker
+        runs in C (the version list, the prefix check)."""
         pool = self._pool.refresh(list(workers), self)
+        pool.build(self)
         out, gaps = pool.fitting(prompt_tokens + budget, budget)
         ws, sizes = pool.workers, pool.block_sizes
         for bs in sizes:
@@ -118,11 +119,25 @@ class ViewCache:
                     out[i] = view.with_cached(chain.matched_tokens(helds[i]))  # cached_on
         return [v for v in out if v is not None] if gaps else cast(list[WorkerView], out)
 
+    def lone(
+        self, workers: Iterable[WorkerState], prompt_tokens: int, budget: int
+    ) -> WorkerState | None:
+        """The one worker of ``workers`` with room, when exactly one has room and the
+        request fits it: then ``candidates`` would offer it alone, and a policy that
+        takes any lone candidate needs no view of it (none is built: with 256
+        requests in flight on it, a view is a copy of 256 loads per decision)."""
+        pool = self._pool.refresh(list(workers), self)
+        if len(pool.workers) - pool.full != 1:
+            return None
+        w = pool.workers[pool.room.index(True)]
+        return w if w.fits(prompt_tokens, budget) else None
+
 
 class _Pool:
     """``ViewCache.candidates``' state between decisions: the workers it was given (held
     here, so that no new worker can take a pooled one's ``id``), and for each the
-    ``version`` its entry was made at and its base view, or None while it has no room.
+    ``version`` its entry was made at, whether it has room, and its base view (None
+    while it has no room, or until ``build`` makes it: ``lone`` needs none).
 
     A worker's room and view change only with its ``version`` (assign, relay,
     heartbeat, finish all bump it); its context limits come with its ``Ready``; the
@@ -132,8 +147,10 @@ class _Pool:
         self.workers: list[WorkerState] = []
         self.helds: list[set[int]] = []  # each one's ``cache.held`` (one set for life)
         self.versions: list[int] = []
+        self.room: list[bool] = []
         self.views: list[WorkerView | None] = []
-        self.full = 0  # how many of them are None
+        self.unbuilt: set[int] = set()  # workers with room whose view is not made yet
+        self.full = 0  # how many have no room
         self.calibration = -1
         self.block_sizes: tuple[int, ...] = ()
         # The least n_ctx and max_tokens_limit: a request within both fits every worker.
@@ -149,25 +166,39 @@ class _Pool:
             self.workers, self.calibration = ws, cal
             self.versions = [-1] * len(ws)
             self.helds = [w.cache.held for w in ws]
+            self.room = [False] * len(ws)
             self.views = [None] * len(ws)
+            self.unbuilt.clear()
             self.full = len(ws)
             self.block_sizes = tuple(sorted({w.info.block_size for w in ws}))
             self.min_ctx = min((w.info.n_ctx for w in ws), default=0)
             self.min_limit = min((w.info.max_tokens_limit for w in ws), default=0)
         versions = list(map(_version, ws))
         if versions != self.versions:
-            old, views = self.versions, self.views
+            old, room, views, unbuilt = self.versions, self.room, self.views, self.unbuilt
             for i in compress(range(len(ws)), map(ne, versions, old)):
                 w = ws[i]
-                view = cache.base(w) if len(w.inflight) < w.inflight_cap else None
-                self.full += (view is None) - (views[i] is None)
-                views[i] = view
+                has_room = len(w.inflight) < w.inflight_cap
+                self.full += room[i] - has_room
+                room[i], views[i] = has_room, None
+                if has_room:
+                    unbuilt.add(i)
+                else:
+                    unbuilt.discard(i)
             self.versions = versions
         return self
 
+    def build(self, cache: ViewCache) -> None:
+        """Make the views ``refresh`` left to be made."""
+        views, ws = self.views, self.workers
+        for i in self.unbuilt:
+            views[i] = cache.base(ws[i])
+        self.unbuilt.clear()
+
     def fitting(self, total: int, budget: int) -> tuple[list[WorkerView | None], bool]:
-        """A copy of the views, None for the workers a request of ``total`` tokens
-        (prompt + ``budget``) does not fit (``WorkerState.fits``); whether any is None."""
+        """A copy of the views (``build`` first), None for the workers a request of
+        ``total`` tokens (prompt + ``budget``) does not fit (``WorkerState.fits``);
+        whether any is None."""
         if total <= self.min_ctx and budget <= self.min_limit:
             return self.views.copy(), self.full > 0
         # Some worker is smaller than the request (rare): ask each, by the one rule.

@@ -38,7 +38,7 @@ from prometheus_client import (
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from tandem.broker.policies import Decision, RouteRequest, WorkerView
+from tandem.broker.policies import Decision, RouteRequest
 from tandem.broker.registry import WorkerState
 from tandem.common.pricing import Rates
 from tandem.common.steptime import batch_ladder
@@ -176,18 +176,18 @@ class RouterMetrics:
         policy: str,
         req: RouteRequest,
         decision: Decision,
-        views: list[WorkerView],
+        candidates: int,
+        cached: int,
         elapsed_s: float,
     ) -> None:
-        """A worker was chosen for ``req`` among ``views`` (the candidates)."""
-        chosen = next((v for v in views if v.id == decision.worker_id), None)
+        """A worker was chosen for ``req`` among ``candidates`` workers; it holds
+        ``cached`` tokens of the prompt."""
         self.decision.observe((), elapsed_s)
         self.routed.inc((decision.worker_id, policy))
         self.totals["requests_routed"] += 1
-        cached = chosen.cached_tokens if chosen else 0
         score = decision.scores.get(decision.worker_id)
         # Kept as a tuple, made the status reply's dict when read (``activity``).
-        self.recent.append((time.time(), request_id, decision.worker_id, policy, len(views),
+        self.recent.append((time.time(), request_id, decision.worker_id, policy, candidates,
                             req.prompt_tokens, cached, score, elapsed_s))  # fmt: skip
 
     def on_tokens(self, worker_id: str, n: int) -> None:

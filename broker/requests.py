@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.broker.arrivals import ages
 from tandem.common import protocol as p
 from tandem.common.tokenizer import TextTokenizer
 
@@ -49,7 +50,8 @@ class ClientRequest:
     buffer_text: list[str] = field(default_factory=list)  # stream=False: held until done
     lost_on: list[str] = field(default_factory=list)  # workers that died holding it
     migrated_tokens: int = 0  # output already produced when it last changed worker
-    arrivals_before: tuple[float, ...] = ()  # ArrivalLog.note at its arrival
+    # ArrivalLog.record at its arrival: the clock times of the arrivals before it.
+    earlier_arrivals: tuple[float, ...] = ()
 
     def can_reroute(self) -> bool:
         """True until it has outlived MAX_REROUTES workers: a stream that already sent
@@ -62,6 +64,11 @@ class ClientRequest:
         self.wid = self.worker_id = None
         self.migrated_tokens = len(self.output_ids)
         self.deadline = now + wait_s
+
+    @property
+    def arrivals_before(self) -> tuple[float, ...]:
+        """How long before it each recent client request arrived (newest first)."""
+        return ages(self.received, self.earlier_arrivals)
 
     @property
     def budget(self) -> int:

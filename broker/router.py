@@ -30,7 +30,7 @@ from tandem.broker.identity import RequestIds, foreign_frame, takeover_problem
 from tandem.broker.ledger import PromptBlocks, ViewCache
 from tandem.broker.liveness import Liveness, disconnect_monitor
 from tandem.broker.metrics import RouterMetrics
-from tandem.broker.policies import Decision, Forced, NoCandidate, parse_policy
+from tandem.broker.policies import Decision, Forced, NoCandidate, RouteRequest, parse_policy
 from tandem.broker.registry import Routed, WorkerState, ready_problem
 from tandem.broker.relay import Pending, TokenOutbox
 from tandem.broker.requests import ClientRequest, PendingQueue, prompt_tokens, validate_submit
@@ -316,7 +316,7 @@ class Router:
         req = ClientRequest(identity, msg, time.monotonic())
         req.deadline = req.received + self.cfg.no_worker_wait_s
         if not (msg.worker or msg.sampling.prefill_only):  # traffic, not a pin or a seed
-            req.arrivals_before = self.arrivals.note(req.received)
+            req.earlier_arrivals = self.arrivals.record(req.received)
         self.pending.append(req)  # routed by the loop, a bounded number per turn
 
     def cancel(self, identity: bytes, request_id: str) -> None:
@@ -383,6 +383,18 @@ class Router:
         tokens = req.tokens + req.output_ids  # a migrated stream continues after its output
         n, budget = len(tokens), req.budget_left  # once, not once per worker
         blocks = PromptBlocks(tokens)  # hashed once per block size, not once per worker
+        policy = parse_policy(f"forced:{sub.worker}") if sub.worker else self.policy
+        # Nothing to choose (one worker has room and it fits): nothing to score, and
+        # no view of it to build (unless decisions are logged: a record shows views).
+        lone = (
+            self.views.lone(self.workers.values(), n, budget)
+            if policy.takes_any and not self.decisions
+            else None
+        )
+        if lone is not None:
+            rr = self.calibration.route_request(n, budget)
+            self._place(req, tokens, lone, blocks, policy.name, rr, Decision(lone.id, {}), 1, t0)
+            return True
         # One pass: views of the workers it fits that have room (batch + queue share).
         views = self.views.candidates(self.workers.values(), blocks, n, budget)
         if not views:
@@ -399,7 +411,6 @@ class Router:
         # A migrated request is not an arrival: nothing to expect from it.
         arrivals = () if req.lost_on else req.arrivals_before
         rr = self.calibration.route_request(n, budget, arrivals)
-        policy = parse_policy(f"forced:{sub.worker}") if sub.worker else self.policy
         try:
             if len(views) == 1 and policy.takes_any:  # nothing to choose: nothing to score
                 decision = Decision(views[0].id, {})
@@ -420,16 +431,33 @@ class Router:
             code = p.PROMPT_TOO_LONG if too_long else p.NO_WORKERS
             self._fail(req, code, f"{exc} that fits this request" if too_long else str(exc))
             return True
-        req.policy = policy.name
-        elapsed_s = time.perf_counter() - t0
-        args = (sub.request_id, policy.name, rr, decision, views, elapsed_s)
-        self._settle.append((self.metrics.on_decision, args))
         if self.decisions:
             extra = self.calibration.log_fields()
             record = decision_record(sub.request_id, policy.name, rr, views, decision, extra)
             self.decisions.write(record)
-        self._assign(req, tokens, self.workers[decision.worker_id], blocks)
+        w = self.workers[decision.worker_id]
+        self._place(req, tokens, w, blocks, policy.name, rr, decision, len(views), t0)
         return True
+
+    def _place(
+        self,
+        req: ClientRequest,
+        tokens: list[int],
+        w: WorkerState,
+        blocks: PromptBlocks,
+        policy: str,
+        rr: RouteRequest,
+        decision: Decision,
+        candidates: int,
+        t0: float,
+    ) -> None:
+        """``req`` goes to ``w``, chosen by ``policy`` among ``candidates`` workers in a
+        decision that began at ``t0`` (perf_counter); its metrics are settled later."""
+        req.policy = policy
+        elapsed_s = time.perf_counter() - t0
+        self._assign(req, tokens, w, blocks)
+        args = (req.submit.request_id, policy, rr, decision, candidates, req.cached_estimate)
+        self._settle.append((self.metrics.on_decision, (*args, elapsed_s)))
 
     def _assign(
         self, req: ClientRequest, tokens: list[int], w: WorkerState, blocks: PromptBlocks

@@ -58,9 +58,8 @@ class Harness:
         self.log_path = tmp_path / "decisions.jsonl"
         addrs = Addresses(f"inproc://c-{tag}", f"inproc://w-{tag}")
         cfg.setdefault("accept_hold_ms", 0.0)  # pumped by hand: no clock to wait on
-        self.router = Router(
-            RouterConfig(addresses=addrs, policy=policy, decision_log=str(self.log_path), **cfg)
-        )
+        cfg.setdefault("decision_log", str(self.log_path))  # None: a router that logs none
+        self.router = Router(RouterConfig(addresses=addrs, policy=policy, **cfg))
         self.client = DealerSocket(addrs.client)
         self.workers: dict[str, DealerSocket] = {}
         self.spec = tiny_tokenizer()

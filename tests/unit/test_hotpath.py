@@ -436,6 +436,37 @@ def test_an_accepted_waits_briefly_to_leave_with_the_first_output(tmp_path: Path
         h.close()
 
 
+def test_a_lone_worker_with_room_is_chosen_without_building_its_view(tmp_path: Path) -> None:
+    """One worker with room that the request fits: the router places it there with no
+    view of it (a view copies its whole ledger); with two, or one it does not fit, the
+    candidates' path decides, and both paths name the same worker."""
+    h = Harness(tmp_path, policy="finish_time", decision_log=None)
+    try:
+        h.add_worker("a", RATES)
+        h.add_worker("b", RATES)
+        a, b = h.router.workers["a"], h.router.workers["b"]
+        views, workers = h.router.views, h.router.workers.values()
+        assert views.lone(workers, 40, 8) is None  # both have room: a choice to make
+        b.inflight_cap, b.version = 0, b.version + 1  # b is full
+        assert views.lone(workers, 40, 8) is a
+        assert views.lone(workers, 9000, 8) is None  # it does not fit the one with room
+        for i in range(3):
+            h.submit(f"r{i}", list(range(1, 40)))
+            h.assigned("a")
+        assert a.view_entry is None and b.view_entry is None  # no view was ever built
+        (chosen,) = views.candidates(workers, PromptBlocks(list(range(1, 40))), 39, 8)
+        assert chosen.id == "a" and chosen.n_requests == 3
+        routed = h.router.metrics.recent[-1]
+        assert routed[2:5] == ("a", "finish_time", 1)  # worker, policy, candidates
+        b.inflight_cap, b.version = 100, b.version + 1
+        assert views.lone(workers, 40, 8) is None
+        h.submit("r3", list(range(1, 40)))  # both have room: b (idle) finishes it first
+        h.assigned("b")
+        assert h.router.metrics.recent[-1][2:5] == ("b", "finish_time", 2)
+    finally:
+        h.close()
+
+
 def test_a_request_only_some_workers_fit_is_offered_to_those(h: Harness) -> None:
     """The candidates' fast path skips the per-worker fit when the request fits the
     smallest worker; past it each worker answers by WorkerState.fits."""
