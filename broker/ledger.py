@@ -94,15 +94,25 @@ class ViewCache:
         cached = prompt.cached_on(w)
         return base.with_cached(cached)
 
+    def refresh(self, workers: Iterable[WorkerState]) -> None:
+        """Bring the pool up to date with ``workers`` (``offered`` and ``sole`` answer
+        for the workers of the last refresh)."""
+        self._pool.refresh(list(workers), self)
+
     def candidates(
         self, workers: Iterable[WorkerState], prompt: PromptBlocks, prompt_tokens: int, budget: int
     ) -> list[WorkerView]:
-        """``view`` of each of ``workers`` the request fits (``WorkerState.fits``) that
-        has room (``inflight_cap``), in their order. The per-decision work is kept off
-        the workers that did not change: ``_Pool`` keeps each one's base view across
+        """``refresh`` with ``workers``, then ``offered``."""
+        self.refresh(workers)
+        return self.offered(prompt, prompt_tokens, budget)
+
+    def offered(self, prompt: PromptBlocks, prompt_tokens: int, budget: int) -> list[WorkerView]:
+        """``view`` of each worker the request fits (``WorkerState.fits``) that has room
+        (``inflight_cap``), in their order. The per-decision work is kept off the
+        workers that did not change: ``_Pool`` keeps each one's base view across
         decisions, rebuilt for those whose ``version`` moved; what is left per worker
         runs in C (the version list, the prefix check)."""
-        pool = self._pool.refresh(list(workers), self)
+        pool = self._pool
         pool.build(self)
         out, gaps = pool.fitting(prompt_tokens + budget, budget)
         ws, sizes = pool.workers, pool.block_sizes
@@ -119,14 +129,12 @@ class ViewCache:
                     out[i] = view.with_cached(chain.matched_tokens(helds[i]))  # cached_on
         return [v for v in out if v is not None] if gaps else cast(list[WorkerView], out)
 
-    def lone(
-        self, workers: Iterable[WorkerState], prompt_tokens: int, budget: int
-    ) -> WorkerState | None:
-        """The one worker of ``workers`` with room, when exactly one has room and the
-        request fits it: then ``candidates`` would offer it alone, and a policy that
-        takes any lone candidate needs no view of it (none is built: with 256
-        requests in flight on it, a view is a copy of 256 loads per decision)."""
-        pool = self._pool.refresh(list(workers), self)
+    def sole(self, prompt_tokens: int, budget: int) -> WorkerState | None:
+        """The one worker with room, when exactly one has room and the request fits it:
+        then ``offered`` would offer it alone, and a policy that takes any lone
+        candidate needs no view of it (none is built: with 256 requests in flight on
+        it, a view is a copy of 256 loads per decision)."""
+        pool = self._pool
         if len(pool.workers) - pool.full != 1:
             return None
         w = pool.workers[pool.room.index(True)]

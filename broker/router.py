@@ -386,17 +386,14 @@ class Router:
         policy = parse_policy(f"forced:{sub.worker}") if sub.worker else self.policy
         # Nothing to choose (one worker has room and it fits): nothing to score, and
         # no view of it to build (unless decisions are logged: a record shows views).
-        lone = (
-            self.views.lone(self.workers.values(), n, budget)
-            if policy.takes_any and not self.decisions
-            else None
-        )
+        self.views.refresh(self.workers.values())
+        lone = self.views.sole(n, budget) if policy.takes_any and not self.decisions else None
         if lone is not None:
             rr = self.calibration.route_request(n, budget)
             self._place(req, tokens, lone, blocks, policy.name, rr, Decision(lone.id, {}), 1, t0)
             return True
         # One pass: views of the workers it fits that have room (batch + queue share).
-        views = self.views.candidates(self.workers.values(), blocks, n, budget)
+        views = self.views.offered(blocks, n, budget)
         if not views:
             if any(w.fits(n, budget) for w in self.workers.values()):
                 return False  # it fits somewhere: wait for room

@@ -40,7 +40,7 @@ import weakref
 from collections import deque
 from collections.abc import Sequence
 from itertools import compress
-from operator import is_not
+from operator import call, is_not
 
 from tandem.broker.policies.views import Decision, RouteRequest, WorkerView, tie_break
 from tandem.workers.schedule import admissible, decode_segments, plan_step, repeats
@@ -318,11 +318,13 @@ class FinishTime:
                 limit = _admit(least, got, keep, slack)
         self._writes = WRITES.n
         scores = dict(zip(ids, map(abs, gots), strict=True))  # a pruned one's: its bound
-        # The least score's workers: tie_break over them alone.
-        tied = [workers[i] for i, g in enumerate(gots) if g == best]
-        decision = (
-            Decision(tied[0].id, scores) if len(tied) == 1 else tie_break(tied or workers, scores)
-        )
+        # The least score's workers: tie_break over them alone (count: one pass in C;
+        # it would match a NaN by identity, which ``==`` never does).
+        if best == best and gots.count(best) == 1:
+            decision = Decision(ids[gots.index(best)], scores)
+        else:
+            tied = [workers[i] for i, g in enumerate(gots) if g == best]
+            decision = tie_break(tied or workers, scores)
         if pruned:
             decision = Decision(decision.worker_id, scores, frozenset(pruned))
         return decision
@@ -342,7 +344,7 @@ class FinishTime:
         self._shape = None  # until this call ends: one that raises leaves nothing to trust
         if kept:
             gots, ids, refs = self._gots, self._ids, self._views
-            then = [ref() for ref in refs]
+            then = list(map(call, refs))
             changed: Sequence[int] = list(compress(range(n), map(is_not, workers, then)))
             del then
             for i in changed:

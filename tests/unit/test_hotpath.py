@@ -446,10 +446,15 @@ def test_a_lone_worker_with_room_is_chosen_without_building_its_view(tmp_path: P
         h.add_worker("b", RATES)
         a, b = h.router.workers["a"], h.router.workers["b"]
         views, workers = h.router.views, h.router.workers.values()
-        assert views.lone(workers, 40, 8) is None  # both have room: a choice to make
+
+        def lone(prompt: int) -> object:
+            views.refresh(workers)
+            return views.sole(prompt, 8)
+
+        assert lone(40) is None  # both have room: a choice to make
         b.inflight_cap, b.version = 0, b.version + 1  # b is full
-        assert views.lone(workers, 40, 8) is a
-        assert views.lone(workers, 9000, 8) is None  # it does not fit the one with room
+        assert lone(40) is a
+        assert lone(9000) is None  # it does not fit the one with room
         for i in range(3):
             h.submit(f"r{i}", list(range(1, 40)))
             h.assigned("a")
@@ -459,7 +464,7 @@ def test_a_lone_worker_with_room_is_chosen_without_building_its_view(tmp_path: P
         routed = h.router.metrics.recent[-1]
         assert routed[2:5] == ("a", "finish_time", 1)  # worker, policy, candidates
         b.inflight_cap, b.version = 100, b.version + 1
-        assert views.lone(workers, 40, 8) is None
+        assert lone(40) is None
         h.submit("r3", list(range(1, 40)))  # both have room: b (idle) finishes it first
         h.assigned("b")
         assert h.router.metrics.recent[-1][2:5] == ("b", "finish_time", 2)
