@@ -84,6 +84,7 @@ class PrefixChain(Sequence[int]):
         self._blocks = max(0, blocks)
         self._hashes: list[int] = []
         self._parent = _ROOT
+        self._last = -1  # the blocks matched at the last ``matched_tokens`` (-1: none yet)
 
     def first(self, k: int) -> list[int]:
         """The first ``k`` hashes (all of them, if fewer), hashing what is missing."""
@@ -97,7 +98,13 @@ class PrefixChain(Sequence[int]):
 
     def matched_tokens(self, held: set[int] | frozenset[int]) -> int:
         """``matched_tokens`` of this prefix, hashing one block past the match at most
-        (in doubling runs)."""
+        (in doubling runs). The answer given last is tried first: workers that served
+        one prefix hold the same blocks of it, and confirming that ``held`` has the
+        first m blocks and not the next is one C call (``issuperset``), not a walk."""
+        m, hashes = self._last, self._hashes
+        confirmed = m >= 0 and (m == self._blocks or hashes[m] not in held)
+        if confirmed and held.issuperset(hashes[:m]):
+            return m * self.block_size
         held_by = held.__contains__
         k = 1
         while True:
@@ -106,6 +113,7 @@ class PrefixChain(Sequence[int]):
                 hashes = self.first(k)
             n = len(list(takewhile(held_by, hashes)))  # the walk in C: 3x a Python loop
             if n < len(hashes) or len(hashes) == self._blocks:
+                self._last = n  # hashes[n] exists unless n is every block
                 return n * self.block_size
             k = 2 * len(hashes)
 

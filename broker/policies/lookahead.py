@@ -167,10 +167,14 @@ class Lookahead:
         if len(recent) > self.MAX_PER_S and recent[self.MAX_PER_S] <= 1.0:
             return base  # more than MAX_PER_S arrivals in the last second
         scores = base.scores
-        # finish_time's order (tie_break's key), the best POOL only: not a sort of all.
-        ranked = heapq.nsmallest(
-            self.POOL, workers, key=lambda w: (scores[w.id], w.n_requests, w.id)
-        )
+        # finish_time's order (tie_break's key), the best POOL only: not a sort of all,
+        # and the key (a tuple per worker: ~1 us each) only for the workers whose
+        # score is within the POOL least (found comparing floats in C).
+        near = workers
+        cut = heapq.nsmallest(self.POOL, scores.values())[-1]
+        if cut == cut:  # not NaN, which orders nothing
+            near = [w for w in workers if scores[w.id] <= cut]
+        ranked = heapq.nsmallest(self.POOL, near, key=lambda w: (scores[w.id], w.n_requests, w.id))
         coming = expected_arrivals(req, scores[ranked[0].id], self.MAX_EXPECTED)
         if not coming:
             return base

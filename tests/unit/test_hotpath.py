@@ -176,6 +176,25 @@ def test_a_prefix_chain_hashes_lazily_what_block_hashes_gives() -> None:
         assert list(PrefixChain(tokens, bs, n)) == full[:n]  # again: digests looked up
 
 
+def test_a_prefix_chain_answers_many_held_sets_in_turn_as_a_walk_would() -> None:
+    """matched_tokens tries its last answer first: right for each set whatever the
+    order (sets holding the same prefix, longer and shorter ones, holes, none)."""
+    rng = random.Random(12)
+    for _ in range(100):
+        tokens = [rng.randrange(50_000) for _ in range(rng.randrange(16, 400))]
+        bs = rng.choice([4, 16])
+        full = block_hashes(tokens, bs)
+        chain = PrefixChain(tokens, bs, rng.randrange(len(full) + 1))
+        for _ in range(12):
+            held: set[int] | frozenset[int] = set(full[: rng.randrange(len(full) + 1)])
+            if rng.random() < 0.3:
+                held = frozenset(held)
+            elif held and rng.random() < 0.3:
+                held.discard(rng.choice(full))  # a hole: the match stops before it
+            for _ in range(rng.randrange(1, 3)):  # asked twice: the guess is confirmed
+                assert chain.matched_tokens(held) == matched_tokens(chain[:], held, bs)
+
+
 def test_a_prefix_chain_hashes_alike_when_its_digest_memo_overflows(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
