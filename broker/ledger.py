@@ -18,6 +18,9 @@ milliseconds at 256 workers). Now:
   first block against every worker's held set in C; only the workers holding it
   walk their chain. At 256 workers a decision visits a few workers in Python,
   not every one.
+- A view is built only when a decision asks for the candidates (``offered``):
+  when exactly one worker has room and the request fits it (``sole``), a policy
+  that takes any lone candidate needs none, and the router builds none.
 
 The views that reach the policies are equal, field for field, to the ones built
 from scratch (tests/unit/test_decision_replay.py replays recorded decisions).
