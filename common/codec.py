@@ -198,7 +198,7 @@ def _checker(hint: Any, where: str) -> Check | None:
 
 def _map_checker(codec: Codec, where: str) -> Check:
     def nested(value: Any) -> Any:
-        if type(value) is not dict or not _str_keys(value):
+        if type(value) is not dict or not str_keys(value):
             raise FieldError(f"{where}: expected a map")
         return codec.build(dict(value))
 
@@ -210,7 +210,8 @@ _DICT_ONLY = frozenset({dict})
 _key_types = partial(map, type)  # a dict's key types, lazily
 
 
-def _str_keys(d: dict[Any, Any]) -> bool:
+def str_keys(d: dict[Any, Any]) -> bool:
+    """Whether every key of ``d`` is a string (msgpack and msgspec may give others)."""
     return _STR_ONLY.issuperset(map(type, d))  # in C: a generator costs more than the map
 
 
@@ -249,7 +250,7 @@ def _predicate(hint: Any) -> Callable[[Any], bool]:
         each = _predicate(item)
         return lambda v: type(v) is list and all(each(x) for x in v)
     if origin is dict:
-        return lambda v: type(v) is dict and _STR_ONLY.issuperset(map(type, v))  # _str_keys
+        return lambda v: type(v) is dict and _STR_ONLY.issuperset(map(type, v))  # str_keys
     raise TypeError(f"unsupported field type {hint!r}")  # a bug in the message declarations
 
 

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, NoReturn
 
 import msgpack
 
-from tandem.common.codec import FieldError, Wire, codec_for
+from tandem.common.codec import FieldError, Wire, codec_for, str_keys
 from tandem.common.errors import ErrorCode, Problem
 from tandem.common.validation import message_problem
 
@@ -388,9 +388,6 @@ _CODECS = {cls: codec_for(cls) for cls in MESSAGE_TYPES.values()}
 _WIRE = Wire(MESSAGE_TYPES, PROTOCOL_VERSION, batch=Batch)
 
 
-_STR_ONLY = frozenset({str})
-
-
 def encode(msg: Message) -> bytes:
     return _WIRE.encode(msg)
 
@@ -460,7 +457,7 @@ def _decode_slow(frame: bytes) -> Message:
         raise ProtocolError(BAD_FRAME, f"frame is not valid msgpack: {exc}") from None
     if type(body) is not dict:
         raise ProtocolError(BAD_FRAME, "frame must be a msgpack map")
-    if not _STR_ONLY.issuperset(map(type, body)):  # msgpack may also give bytes keys
+    if not str_keys(body):  # msgpack may also give bytes keys
         raise ProtocolError(BAD_FRAME, "frame keys must be strings")
     rid = body.get("request_id")
     if type(rid) is not str:
@@ -506,7 +503,7 @@ def _entry_slow(raw: Any) -> Message:
         body = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except Exception as exc:
         raise ProtocolError(BAD_FRAME, f"batch entry is not valid msgpack: {exc}") from None
-    if type(body) is not dict or not _STR_ONLY.issuperset(map(type, body)):
+    if type(body) is not dict or not str_keys(body):
         raise ProtocolError(BAD_FRAME, "a batch entry must be a map with string keys")
     rid = body.get("request_id")
     return _build(body, rid if type(rid) is str else None, in_batch=True)

@@ -19,6 +19,7 @@ from itertools import chain, compress
 from operator import attrgetter, is_not, not_
 from typing import TYPE_CHECKING, Any
 
+from tandem.common.codec import str_keys
 from tandem.common.errors import Problem
 
 if TYPE_CHECKING:  # messages are read by attribute: nothing of the protocol at import
@@ -105,7 +106,6 @@ def _bad(what: str) -> Problem:
 
 
 _PLAIN = frozenset({str, int, bool, type(None)})  # nothing to check below these
-_STR_ONLY = frozenset({str})  # map keys (msgspec reads any key inside a free-form value)
 
 
 def _tree_ok(value: Any, depth: int) -> bool:
@@ -118,7 +118,7 @@ def _tree_ok(value: Any, depth: int) -> bool:
     if isinstance(value, float):
         return math.isfinite(value)
     if isinstance(value, dict):
-        if not _STR_ONLY.issuperset(map(type, value)):
+        if not str_keys(value):  # msgspec reads any key inside a free-form value
             return False
         values: Any = value.values()
     elif isinstance(value, list | tuple):
@@ -153,7 +153,7 @@ def _tree_problem(value: Any, depth: int, path: str = "") -> Problem | None:
     if isinstance(value, float) and not math.isfinite(value):
         return _bad(f"{path} must be a finite number, got {value!r}")
     if isinstance(value, dict):
-        if not _STR_ONLY.issuperset(map(type, value)):
+        if not str_keys(value):  # msgspec reads any key inside a free-form value
             return _bad(f"map keys must be strings (at {path or 'the message'})")
         items: Any = value.items()
     elif isinstance(value, list | tuple):
