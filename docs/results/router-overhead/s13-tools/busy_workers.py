@@ -4,7 +4,6 @@ usage: busy_workers.py N [ROUNDS]. With N >= 2 every decision scores candidates
 (finish_time over the workers' in-flight loads); with 1 the request is placed alone."""
 
 import sys
-import time
 
 import psutil
 import zmq
@@ -26,17 +25,20 @@ def main() -> None:
     c, w = ro._addr(), ro._addr()
     stop = ro.SPAWN.Event()
     procs = [ro.SPAWN.Process(target=ro._run_router, args=(c, w, stop), daemon=True)]
-    for i in range(n):
-        args = (w, "router", stop, f"null{i}")
-        procs.append(ro.SPAWN.Process(target=named_null_worker, args=args, daemon=True))
-    for proc in procs:
-        proc.start()
+    procs[0].start()
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(c)
     try:
+        # One at a time: a null worker sends its Ready once, and a router without the
+        # tokenizer yet asks one worker at a time for it (real workers retry).
+        for i in range(n):
+            args = (w, "router", stop, f"null{i}")
+            procs.append(ro.SPAWN.Process(target=named_null_worker, args=args, daemon=True))
+            procs[-1].start()
+            if ro._wait_registered(c, i + 1, timeout_s=30.0) != i + 1:
+                raise RuntimeError(f"null{i} did not register")
         ro._warm(sock, procs=procs)
-        time.sleep(1.0)  # every worker registered
         router = psutil.Process(procs[0].pid)
         for _ in range(rounds):
             frames = [ro._submit(f"q{i}", 1) for i in range(4000)]  # ids as _drive counts them
@@ -45,7 +47,8 @@ def main() -> None:
             c1 = router.cpu_times()
             cpu = (c1.user + c1.system) - (c0.user + c0.system)
             rate, per_req = len(frames) / secs, 1e6 * cpu / len(frames)
-            print(f"workers {n}  req/s {rate:.0f}  per req {per_req:.0f} us")
+            now = ro._wait_registered(c, n, timeout_s=0.1)  # none expired meanwhile
+            print(f"workers {now}/{n}  req/s {rate:.0f}  per req {per_req:.0f} us")
     finally:
         sock.close(0)
         stop.set()
