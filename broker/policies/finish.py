@@ -53,10 +53,12 @@ class _Row:
 
     __slots__ = ("prefill_remaining", "decode_left", "decoding", "target")
 
-    def __init__(self, prefill: int, decode: int, target: bool = False) -> None:
+    def __init__(
+        self, prefill: int, decode: int, target: bool = False, decoding: bool | None = None
+    ) -> None:
         self.prefill_remaining = prefill
         self.decode_left = decode  # output tokens still to produce
-        self.decoding = prefill <= 0
+        self.decoding = prefill <= 0 if decoding is None else decoding
         self.target = target
 
 
@@ -89,7 +91,10 @@ class StepModel:
         return prefill_tokens / self.prefill_rate + decode + self.overhead_s
 
 
-Ahead = tuple[float, list[_Row], StepModel]
+# (seconds, rows, step model) once the queue ahead of a new request has drained; each
+# row as (prefill_remaining, decode_left, decoding): a template every replay makes its
+# own _Rows from (one object per row per prediction, not two).
+Ahead = tuple[float, list[tuple[int, int, bool]], StepModel]
 
 
 _MODELS: dict[tuple, StepModel] = {}  # by rates: a worker's view changes with each request
@@ -112,8 +117,11 @@ def drain_ahead(w: WorkerView) -> Ahead:
     admitted on ``w``: the queue ahead of it drained and a slot free. Whatever the
     new request is, this part of the future is the same (FIFO: nothing overtakes)."""
     model = step_model(w)
-    active = [_Row(x.prefill_remaining, x.decode_remaining) for x in w.active]
-    active = [r for r in active if not (r.decoding and r.decode_left <= 0)]
+    unfinished = [x for x in w.active if x.prefill_remaining > 0 or x.decode_remaining > 0]
+    if len(unfinished) + len(w.queued) < w.max_active:  # all admitted now, a slot free
+        return 0.0, [(x.prefill_remaining, x.decode_remaining, x.prefill_remaining <= 0)
+                     for x in (*unfinished, *w.queued)], model  # fmt: skip
+    active = [_Row(x.prefill_remaining, x.decode_remaining) for x in unfinished]
     queue = deque(_Row(x.prefill_remaining, x.decode_remaining) for x in w.queued)
     step_tokens = max(w.step_tokens, w.max_active)  # as EngineConfig enforces: no stalled step
     t = 0.0
@@ -121,7 +129,7 @@ def drain_ahead(w: WorkerView) -> Ahead:
         while queue and admissible(len(active), 0, 0, w.max_active, _NO_KV_LIMIT):
             active.append(queue.popleft())
         if not queue and admissible(len(active), 0, 0, w.max_active, _NO_KV_LIMIT):
-            return t, active, model
+            return t, [(r.prefill_remaining, r.decode_left, r.decoding) for r in active], model
         t += _advance(active, model, step_tokens)
         active = [r for r in active if not (r.decoding and r.decode_left <= 0)]
 
@@ -175,13 +183,11 @@ def predict_finish_s(req: RouteRequest, w: WorkerView, ahead: Ahead | None = Non
 
 
 def _replay_finish_s(
-    req: RouteRequest, w: WorkerView, t: float, rows: list[_Row], model: StepModel
+    req: RouteRequest, w: WorkerView, t: float, rows: list[tuple[int, int, bool]], model: StepModel
 ) -> float:
     """``predict_finish_s`` with every step at its quoted context: the engine's plan
-    replayed over the rows ahead's (copied) and the new request's."""
-    active = [_Row(r.prefill_remaining, r.decode_left) for r in rows]
-    for mine, theirs in zip(active, rows, strict=True):
-        mine.decoding = theirs.decoding
+    replayed over the rows ahead's and the new request's."""
+    active = [_Row(prefill, decode, False, decoding) for prefill, decode, decoding in rows]
     # The worker always computes >= 1 prompt token (it needs the last token's logits).
     target = _Row(max(1, req.prompt_tokens - w.cached_tokens), req.max_tokens, True)
     active.append(target)
