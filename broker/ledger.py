@@ -148,7 +148,7 @@ class _Pool:
     """``ViewCache.candidates``' state between decisions: the workers it was given (held
     here, so that no new worker can take a pooled one's ``id``), and for each the
     ``version`` its entry was made at, whether it has room, and its base view (None
-    while it has no room, or until ``build`` makes it: ``lone`` needs none).
+    while it has no room, or until ``build`` makes it: ``sole`` needs none).
 
     A worker's room and view change only with its ``version`` (assign, relay,
     heartbeat, finish all bump it); its context limits come with its ``Ready``; the

@@ -389,8 +389,9 @@ class Router:
         self.views.refresh(self.workers.values())
         lone = self.views.sole(n, budget) if policy.takes_any and not self.decisions else None
         if lone is not None:
-            rr = self.calibration.route_request(n, budget)
-            self._place(req, tokens, lone, blocks, policy.name, rr, Decision(lone.id, {}), 1, t0)
+            rr, elapsed_s = self.calibration.route_request(n, budget), time.perf_counter() - t0
+            decision = Decision(lone.id, {})
+            self._place(req, tokens, lone, blocks, policy.name, rr, decision, 1, elapsed_s)
             return True
         # One pass: views of the workers it fits that have room (batch + queue share).
         views = self.views.offered(blocks, n, budget)
@@ -428,12 +429,13 @@ class Router:
             code = p.PROMPT_TOO_LONG if too_long else p.NO_WORKERS
             self._fail(req, code, f"{exc} that fits this request" if too_long else str(exc))
             return True
+        elapsed_s = time.perf_counter() - t0  # the decision, not the writing of its record
         if self.decisions:
             extra = self.calibration.log_fields()
             record = decision_record(sub.request_id, policy.name, rr, views, decision, extra)
             self.decisions.write(record)
         w = self.workers[decision.worker_id]
-        self._place(req, tokens, w, blocks, policy.name, rr, decision, len(views), t0)
+        self._place(req, tokens, w, blocks, policy.name, rr, decision, len(views), elapsed_s)
         return True
 
     def _place(
@@ -446,12 +448,11 @@ class Router:
         rr: RouteRequest,
         decision: Decision,
         candidates: int,
-        t0: float,
+        elapsed_s: float,
     ) -> None:
         """``req`` goes to ``w``, chosen by ``policy`` among ``candidates`` workers in a
-        decision that began at ``t0`` (perf_counter); its metrics are settled later."""
+        decision of ``elapsed_s``; its metrics are settled later."""
         req.policy = policy
-        elapsed_s = time.perf_counter() - t0
         self._assign(req, tokens, w, blocks)
         args = (req.submit.request_id, policy, rr, decision, candidates, req.cached_estimate)
         self._settle.append((self.metrics.on_decision, (*args, elapsed_s)))
