@@ -1,4 +1,5 @@
-"""min / median / max of ab.sh's runs per side: usage ab_summary.py DIR TAG"""
+"""min / median / max of ab.sh's runs per side: usage ab_summary.py DIR TAG [SESSION]
+(the files rb-SESSION-TAG-SIDE-N.json; SESSION s12 unless given)"""
 
 import glob
 import json
@@ -6,9 +7,10 @@ import statistics
 import sys
 
 folder, tag = sys.argv[1], sys.argv[2]
+session = sys.argv[3] if len(sys.argv) > 3 else "s12"
 for side in ("old", "new"):
     rows = []
-    for f in sorted(glob.glob(f"{folder}/rb-s12-{tag}-{side}-*.json")):
+    for f in sorted(glob.glob(f"{folder}/rb-{session}-{tag}-{side}-*.json")):
         with open(f) as fh:
             r = json.load(fh)["runs"][0]
         paths = r["paths"]
