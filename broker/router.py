@@ -454,8 +454,9 @@ class Router:
         decision of ``elapsed_s``; its metrics are settled later."""
         req.policy = policy
         self._assign(req, tokens, w, blocks)
-        args = (req.submit.request_id, policy, rr, decision, candidates, req.cached_estimate)
-        self._settle.append((self.metrics.on_decision, (*args, elapsed_s)))
+        args = (req.submit.request_id, policy, rr, decision, candidates, req.cached_estimate,
+                elapsed_s)  # fmt: skip
+        self._settle.append((self.metrics.on_decision, args))
 
     def _assign(
         self, req: ClientRequest, tokens: list[int], w: WorkerState, blocks: PromptBlocks

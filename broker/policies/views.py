@@ -63,9 +63,10 @@ class WorkerView:
 
     @classmethod
     def of(cls, **fields: Any) -> WorkerView:
-        """The view with these fields, every one of them given, built without the frozen
-        class's ``__init__`` (4.4 against 0.7 us; the router builds one per worker whose
-        state moved, per decision)."""
+        """The view with these fields, every one of them given (and any cached property
+        values to share, as ``with_cached`` gives), built without the frozen class's
+        ``__init__`` (4.4 against 0.7 us; the router builds one per worker whose state
+        moved, per decision)."""
         view = object.__new__(cls)
         view.__dict__.update(fields)
         return view
@@ -89,10 +90,7 @@ class WorkerView:
         view = copies.get(cached_tokens)
         if view is None:
             _ = self.memo, self._copies  # made before the copy, so that the copy shares them
-            view = object.__new__(type(self))
-            fields = view.__dict__
-            fields.update(self.__dict__)
-            fields["cached_tokens"] = cached_tokens
+            view = type(self).of(**{**self.__dict__, "cached_tokens": cached_tokens})
             if len(copies) >= 8:
                 copies.clear()
             copies[cached_tokens] = view
