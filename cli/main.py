@@ -11,7 +11,7 @@ from tandem.cli.keys import keys
 from tandem.cli.options import setup_logging
 from tandem.cli.profile import profile
 from tandem.cli.route import decisions, route
-from tandem.cli.serve import router, worker
+from tandem.cli.processes import router, worker
 from tandem.cli.sim import sim
 from tandem.cli.top import top
 from tandem.cli.use import generate, status
