@@ -146,9 +146,9 @@ def router(
 )
 @click.option(
     "--model",
-    type=click.Path(exists=True),
     default=None,
-    help="A GGUF file (or an MLX model folder); default: the embedded SmolLM2-135M.",
+    help="A GGUF file, an MLX model folder, or a Hugging Face name (ORG/NAME-GGUF:Q4_K_M, "
+    "ORG/NAME/file.gguf); default: the embedded SmolLM2-135M.",
 )
 @click.option("--worker-id", default=None, help="Default: DEVICE-HOST-PID.")
 @click.option(

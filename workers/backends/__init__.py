@@ -8,7 +8,6 @@ only when their backend is used: llama.cpp and MLX are optional installs.
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -34,8 +33,8 @@ def backend_class(name: str) -> type:
 
 def build_backend(cfg: WorkerConfig) -> Backend:
     """Load the configured backend on the configured (or embedded default) model."""
-    from tandem.common.model_files import default_model_path
+    from tandem.common.model_files import resolve_model
 
-    model = Path(cfg.model) if cfg.model else default_model_path()
+    model = resolve_model(cfg.model)  # a path, a Hugging Face name, or the embedded default
     backend: Backend = backend_class(cfg.backend).from_config(cfg, model)
     return backend

@@ -79,7 +79,8 @@ class LlamaBackend:
         _init_backend()
         self.model_path = Path(model_path)
         mparams = L.llama_model_default_params()
-        mparams.n_gpu_layers = 0
+        # gpu-*: every layer on the GPU of a CUDA/Metal build (tandem serve labels it so).
+        mparams.n_gpu_layers = -1 if device.startswith("gpu") else 0
         self.model = L.llama_model_load_from_file(str(self.model_path).encode(), mparams)
         if not self.model:
             raise ValueError(f"llama.cpp could not load model {self.model_path}")
