@@ -9,9 +9,10 @@ from tandem.cli.bench import bench
 from tandem.cli.gateway import gateway
 from tandem.cli.keys import keys
 from tandem.cli.options import setup_logging
+from tandem.cli.processes import router, worker
 from tandem.cli.profile import profile
 from tandem.cli.route import decisions, route
-from tandem.cli.processes import router, worker
+from tandem.cli.serve import serve
 from tandem.cli.sim import sim
 from tandem.cli.top import top
 from tandem.cli.use import generate, status
@@ -26,6 +27,7 @@ def main(log_level: str) -> None:
 
 
 for command in (
+    serve,
     router,
     worker,
     gateway,

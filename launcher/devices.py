@@ -1,0 +1,123 @@
+"""What devices this machine has for workers: the CPU always, a GPU where MLX or a
+GPU build of llama.cpp can use it.
+
+Discovery is split in two so that tests can fake any machine: ``probe()`` reads
+the real one into a ``Machine`` (facts only), ``devices(machine)`` is pure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Facts about a machine that decide its devices."""
+
+    system: str  # platform.system(): Linux, Darwin, ...
+    arch: str  # platform.machine(): x86_64, arm64, ...
+    cores: int  # cores this process may use
+    mlx_metal: bool = False  # mlx imports and has Metal
+    mlx_cuda: bool = False  # mlx imports and has CUDA (mlx[cuda])
+    llama_gpu: bool = False  # llama-cpp-python was built with GPU offload (CUDA or Metal)
+    cuda_gpus: int = 0  # NVIDIA GPUs visible (nvidia-smi -L), 0 when unknown
+    llama: bool = True  # llama-cpp-python is installed
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device a worker can serve from: its kind, the backend that drives it."""
+
+    kind: str  # cpu | metal | cuda
+    backend: str  # llama.cpp | mlx
+    index: int = 0  # which GPU of its kind (CUDA_VISIBLE_DEVICES)
+    cores: int = 0  # cpu: the cores it may use
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def gpu(self) -> bool:
+        return self.kind != "cpu"
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}:{self.index}" if self.gpu else "cpu"
+
+
+def devices(m: Machine) -> list[Device]:
+    """The machine's devices, CPU first. Apple silicon: Metal through MLX, else through
+    a Metal build of llama.cpp. NVIDIA: one device per GPU through MLX-CUDA, else
+    through a CUDA build of llama.cpp."""
+    found = [Device("cpu", "llama.cpp" if m.llama else "mlx", cores=m.cores)]
+    if m.system == "Darwin" and m.arch == "arm64":
+        if m.mlx_metal or m.llama_gpu:
+            found.append(Device("metal", "mlx" if m.mlx_metal else "llama.cpp"))
+        return found
+    if m.mlx_cuda or (m.llama_gpu and m.system == "Linux"):
+        backend = "mlx" if m.mlx_cuda else "llama.cpp"
+        for i in range(max(1, m.cuda_gpus)):
+            # One GPU per worker: MLX and llama.cpp each use the first one they see.
+            env = {"CUDA_VISIBLE_DEVICES": str(i)} if m.cuda_gpus > 1 else {}
+            found.append(Device("cuda", backend, index=i, env=env))
+    return found
+
+
+def pick(found: list[Device], wanted: str) -> list[Device]:
+    """The devices ``--devices`` names: auto (all), or a comma list of cpu, gpu (every
+    GPU), metal, cuda, cuda:N. ValueError names what this machine has."""
+    if wanted in ("", "auto", "all"):
+        return found
+    chosen: list[Device] = []
+    for word in (w.strip() for w in wanted.split(",")):
+        match = [d for d in found if word in (d.kind, d.label) or (word == "gpu" and d.gpu)]
+        if not match:
+            have = ", ".join(d.label for d in found)
+            raise ValueError(f"--devices {word!r}: this machine has {have}")
+        chosen += [d for d in match if d not in chosen]
+    return chosen
+
+
+def probe() -> Machine:
+    """The real machine. Importing MLX takes a second or two, so it is imported only
+    where a GPU could be behind it."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    system, arch = platform.system(), platform.machine()
+    metal = cuda = False
+    if importlib.util.find_spec("mlx") is not None:
+        metal, cuda = _mlx_gpus()
+    llama = importlib.util.find_spec("llama_cpp") is not None
+    return Machine(
+        system, arch, cores or 1, metal, cuda, llama and _llama_gpu(), _nvidia_gpus(), llama
+    )
+
+
+def _mlx_gpus() -> tuple[bool, bool]:
+    try:
+        import mlx.core as mx
+    except Exception:  # a broken or CPU-less build: no MLX GPU
+        return False, False
+    metal = bool(getattr(mx, "metal", None) and mx.metal.is_available())
+    cuda = bool(getattr(mx, "cuda", None) and mx.cuda.is_available())
+    return metal, cuda
+
+
+def _llama_gpu() -> bool:
+    try:
+        import llama_cpp
+    except Exception:
+        return False
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def _nvidia_gpus() -> int:
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.stdout.splitlines())

@@ -1,0 +1,112 @@
+"""Is each of ``tandem serve``'s processes up yet? And can it start at all?
+
+The router is up when it answers a ping, the gateway when it answers /health (with
+any status: it is up before any worker is), a worker when the router lists it.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from tandem.launcher.plan import Plan
+
+STATUS_EVERY_S = 0.5
+
+
+class Probes:
+    def __init__(self, plan: Plan, keys: str | None) -> None:
+        self.plan, self.keys = plan, keys
+        self._client: Any = None
+        self._workers: dict[str, dict[str, Any]] = {}
+        self._polled_s = 0.0
+        self.model: str | None = None  # the served model's name, once a worker has said
+
+    def _connect(self) -> Any:
+        from tandem.client.sync import Client
+
+        if self._client is None:
+            # Short waits: the supervisor's loop asks again; a retry is a fresh socket.
+            self._client = Client(
+                self.plan.client_addr, timeout_s=2.0, connect_timeout_s=1.0, retries=0,
+                keys=self.keys,
+            )  # fmt: skip
+        return self._client
+
+    def router(self) -> str | None:
+        from tandem.client.errors import TandemError
+
+        try:
+            self._connect().ping()
+        except TandemError:
+            return None
+        return f"up at {self.plan.client_addr} (workers attach at {self.plan.worker_addr})"
+
+    def gateway(self) -> str | None:
+        try:
+            urllib.request.urlopen(f"{self.plan.url}/health", timeout=1.0).close()
+        except urllib.error.HTTPError:  # 503 before a worker: up all the same
+            pass
+        except OSError:
+            return None
+        return f"up at {self.plan.url} (OpenAI API at {self.plan.url}/v1)"
+
+    def worker(self, worker_id: str, started_s: float) -> str | None:
+        """Registered by the process started at ``started_s`` (monotonic): the router
+        heard from it since (a killed predecessor stays listed until it expires)."""
+        self._poll()
+        row = self._workers.get(worker_id)
+        if row is None or float(row.get("last_seen_s", 0.0)) >= self._polled_s - started_s:
+            return None
+        self.model = self.model or row.get("model")
+        prefill = row.get("prefill_tok_s") or 0.0
+        decode = row.get("decode_tok_s") or [0.0]
+        note = " (provisional: refined while serving)" if row.get("provisional") else ""
+        return (
+            f"registered: {row.get('backend')} on {row.get('device')}, prefill "
+            f"{prefill:.0f} tok/s, decode {decode[0]:.0f} tok/s at batch 1{note}"
+        )
+
+    def _poll(self) -> None:
+        """One status query per STATUS_EVERY_S, shared by every worker's check."""
+        from tandem.client.errors import TandemError
+
+        if time.monotonic() - self._polled_s < STATUS_EVERY_S:
+            return
+        self._polled_s = time.monotonic()
+        try:
+            rows = self._connect().status().workers
+        except TandemError:
+            return
+        self._workers = {str(w["id"]): w for w in rows}
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+def port_problem(plan: Plan) -> tuple[str, str] | None:
+    """(process, reason) when an address the plan binds is taken, before anything
+    starts: a clear reason now instead of a child's traceback later."""
+    binds = [("router", plan.client_addr, "[router] client_addr"),
+             ("router", plan.worker_addr, "[router] worker_addr"),
+             ("gateway", plan.url.replace("http://", "tcp://"), "--port")]  # fmt: skip
+    for name, addr, change in binds:
+        if not addr.startswith("tcp://"):
+            continue
+        host, _, port = addr.removeprefix("tcp://").rpartition(":")
+        host = "0.0.0.0" if host in ("*", "") else host.strip("[]")
+        if port in ("0", "*"):
+            continue
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+            try:
+                s.bind((host, int(port)))
+            except OSError as exc:
+                why = "in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+                return name, f"cannot listen on {host}:{port} ({why}); choose another with {change}"
+    return None
