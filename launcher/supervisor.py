@@ -58,9 +58,17 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, plan: Plan, run_dir: Path, screen: Screen, model: str, grace_s=5.0):
+    def __init__(
+        self,
+        plan: Plan,
+        run_dir: Path,
+        screen: Screen,
+        model: str,
+        grace_s: float = 5.0,
+        prefix: tuple[str, ...] = (sys.executable, "-m", "tandem"),  # a plan's argv follows
+    ) -> None:
         self.plan, self.run_dir, self.screen, self.model = plan, run_dir, screen, model
-        self.grace_s = grace_s
+        self.grace_s, self.prefix = grace_s, prefix
         self.children = [Child(p, run_dir / f"{p.name}.log") for p in plan.procs]
         self.events: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
         self.stop = threading.Event()
@@ -115,7 +123,7 @@ class Supervisor:
         piped = "--progress-json" in child.proc.argv
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **dict(child.proc.env)}
         child.popen = subprocess.Popen(
-            [sys.executable, "-m", "tandem", *child.proc.argv],
+            [*self.prefix, *child.proc.argv],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE if piped else log,
             stderr=log,
