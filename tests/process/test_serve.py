@@ -1,0 +1,181 @@
+"""`tandem serve` as a user runs it: up, answers the OpenAI SDK, a SIGKILLed worker
+is restarted and serves again, SIGTERM leaves no process; a taken port is a clear
+error with nothing started; a child that ignores SIGTERM is killed after the grace."""
+
+from __future__ import annotations
+
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from tandem.launcher.cluster import free_tcp_address, free_tcp_port
+from tandem.launcher.plan import Plan, Proc
+from tandem.launcher.screen import Screen
+from tandem.launcher.supervisor import Supervisor
+from tests.helpers import needs_llama
+from tests.unit.test_serve_plan import hub_cache
+
+START_TIMEOUT_S = 240.0  # a loaded 2-core machine; the bound is for hangs, not speed
+
+
+def free_addresses() -> tuple[int, str, str]:
+    """The gateway's port and the router's two addresses, all free now."""
+    return free_tcp_port(), free_tcp_address(), free_tcp_address()
+
+
+def serve_command(port: int, client_addr: str, worker_addr: str) -> list[str]:
+    return [sys.executable, "-m", "tandem", "serve", "--port", str(port),
+            "--set", f"router.client_addr='{client_addr}'",
+            "--set", f"router.worker_addr='{worker_addr}'"]  # fmt: skip
+
+
+class Served:
+    """A `tandem serve` process and its stdout, line by line."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.port, self.client_addr, self.worker_addr = free_addresses()
+        cmd = serve_command(self.port, self.client_addr, self.worker_addr) + args
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    def expect(self, *words: str, timeout_s: float = START_TIMEOUT_S) -> str:
+        """The next line holding every word; fails with all output so far."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                if self.proc.poll() is not None and self.lines.empty():
+                    break
+                continue
+            self.seen.append(line)
+            if all(w in line for w in words):
+                return line
+        pytest.fail(f"no line with {words}; output:\n" + "\n".join(self.seen))
+
+    def descendants(self) -> list[psutil.Process]:
+        return psutil.Process(self.proc.pid).children(recursive=True)
+
+
+def gone(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of ``procs`` still running (a zombie is not: its parent has yet to reap)."""
+    left = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+@needs_llama
+@pytest.mark.model
+@pytest.mark.timeout(600)
+def test_serve_answers_restarts_a_killed_worker_and_stops_clean(tmp_path, monkeypatch):
+    openai = pytest.importorskip("openai")
+    # The model by its hub name, from a hub cache that holds it (no network here).
+    cache = tmp_path / "hub"
+    hub_cache(cache, "org/Smol-GGUF", ["smol-Q4_1.gguf"])
+    env = {**__import__("os").environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    args = ["org/Smol-GGUF:Q4_1", "--warmup", "off", "--threads", "1", "--api-key", "sk-test",
+            "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    s = Served(args, env)
+    try:
+        ready = s.expect("ready:")
+        url = ready.split("ready:")[1].strip()
+        assert url == f"http://127.0.0.1:{s.port}/v1"
+        curl = s.expect("curl ")
+        assert "Authorization: Bearer sk-test" in curl and "smol-Q4_1.gguf" in curl
+        client = openai.OpenAI(base_url=url, api_key="sk-test", max_retries=0, timeout=120)
+        reply = client.chat.completions.create(
+            model="smol-Q4_1.gguf",
+            messages=[{"role": "user", "content": "Name a color."}],
+            max_tokens=8,
+        )
+        assert reply.choices[0].message.content
+
+        worker = next(p for p in s.descendants() if "--worker-id" in p.cmdline())
+        worker.send_signal(signal.SIGKILL)
+        s.expect("cpu0", "killed by SIGKILL", "restarting")
+        s.expect("cpu0", "registered")
+        reply = client.completions.create(model="smol-Q4_1.gguf", prompt="Hi", max_tokens=4)
+        assert reply.choices[0].text is not None
+        assert (tmp_path / "run" / "cpu0.log").read_text().count("--- ") == 2  # two starts
+
+        children = s.descendants()
+        assert len(children) == 3  # router, worker, gateway
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(timeout=30) == 0
+        assert gone(children) == []
+        s.expect("stopped (0 processes had to be killed)", timeout_s=5)
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            psutil.wait_procs(s.descendants(), timeout=5)
+
+
+def listening_on(port: int) -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+    return sock
+
+
+@pytest.mark.parametrize("taken", ["gateway", "router"])
+def test_a_taken_port_is_a_clear_error_and_nothing_runs(tmp_path, taken):
+    port, client_addr, worker_addr = free_addresses()
+    taken_port = port if taken == "gateway" else int(client_addr.rsplit(":", 1)[1])
+    with listening_on(taken_port):
+        cmd = serve_command(port, client_addr, worker_addr) + ["--run-dir", str(tmp_path)]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    assert f"127.0.0.1:{taken_port}" in text and "in use" in text, text
+    assert ("--port" if taken == "gateway" else "client_addr") in text
+    mine = [p for p in psutil.process_iter(["cmdline"]) if worker_addr in (p.info["cmdline"] or [])]
+    assert mine == []
+
+
+def test_a_child_that_ignores_sigterm_is_killed_with_its_group(tmp_path):
+    """The grace ends in SIGKILL for the child's whole process group: the child and
+    anything it started."""
+    sleeper = "import time; time.sleep(60)"
+    stubborn = (
+        "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"subprocess.Popen([sys.executable, '-c', {sleeper!r}]); print('up' + 'ok', flush=True); "
+        "time.sleep(60)"
+    )
+    plan = Plan((Proc("router", "router", ("-c", stubborn)),), (), "tcp://x:0", "tcp://y:0",
+                "http://127.0.0.1:0", None)  # fmt: skip
+    sup = Supervisor(plan, tmp_path, Screen(), "m", grace_s=0.5, prefix=(sys.executable,))
+    child = sup.children[0]
+    try:
+        sup._start(child)
+        deadline = time.monotonic() + 20
+        while "upok" not in child.log.read_text().splitlines() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        leader = psutil.Process(child.popen.pid)
+        family = [leader, *leader.children()]
+        assert len(family) == 2
+        assert sup.stop_all() == 1
+        assert gone(family) == []
+    finally:
+        sup.stop_all()  # idempotent: nothing of this test outlives it
