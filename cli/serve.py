@@ -99,18 +99,25 @@ def _serve(cfg: Any, print_config: bool, dry_run: bool) -> None:
     from tandem.launcher.devices import devices, pick, probe
     from tandem.launcher.plan import effective, make_plan
 
-    eff = effective(cfg, pick(devices(probe()), cfg.devices))
+    path: Path | None = None
+    if not print_config:
+        try:
+            # A dry run never downloads: it says what it would serve.
+            path = resolve_model(cfg.model, download=not dry_run)
+        except ModelNotFound:
+            if not dry_run:
+                raise
+    found = pick(devices(probe()), cfg.devices)
+    if path is not None and path.is_dir():  # an MLX folder: llama.cpp reads GGUF only
+        found = [d for d in found if d.backend == "mlx"]
+        if not found and not cfg.workers:
+            why = "install mlx (the mlx-cpu, mlx-metal or mlx-cuda extra) or serve a GGUF"
+            raise ValueError(f"{path} is an MLX model folder and no device here runs MLX; {why}")
+    eff = effective(cfg, found)
     if print_config:
         make_plan(eff)  # refuse what the processes would refuse
         click.echo(conf.dumps(eff), nl=False)
         return
-    try:
-        # A dry run never downloads: it says what it would serve.
-        path = resolve_model(cfg.model, download=not dry_run)
-    except ModelNotFound:
-        if not dry_run:
-            raise
-        path = None
     plan = make_plan(eff, str(path) if cfg.model and path else cfg.model, progress=True)
     if dry_run:
         click.echo(plan.describe())

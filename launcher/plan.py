@@ -45,6 +45,7 @@ class Plan:
     worker_addr: str
     url: str  # the gateway's base URL
     api_key: str | None
+    gateway_bind: str = ""  # host:port the gateway listens on
 
     def describe(self) -> str:
         """The plan as text: one line per process, secrets masked."""
@@ -132,12 +133,16 @@ def make_plan(cfg: ServeConfig, model_path: str | None = None, progress: bool = 
     gw_values = {"router": client, "host": host, "port": port, **gw}
     procs = [Proc("router", "router", router_argv)]
     procs += _workers(cfg, cmds["worker"], worker_addr, model_path, progress)
+    # Secrets by environment, not argv (argv is visible to every user of the machine);
+    # the gateway has no --keys flag: its router connection reads TANDEM_KEYS.
     gw_env = (("TANDEM_API_KEY", api_key),) if api_key else ()
+    gw_env += (("TANDEM_KEYS", cfg.keys),) if cfg.keys else ()
     gw_argv = _argv(cmds["gateway"], "gateway", "[gateway]", gw_values)
     procs.append(Proc("gateway", "gateway", gw_argv, gw_env))
     remote = tuple(str(w.get("worker_id")) for w in cfg.workers if not _local(w))
     url_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    return Plan(tuple(procs), remote, client, worker_addr, f"http://{url_host}:{port}", api_key)
+    url = f"http://{url_host}:{port}"
+    return Plan(tuple(procs), remote, client, worker_addr, url, api_key, f"{host}:{port}")
 
 
 def _workers(

@@ -94,7 +94,7 @@ def port_problem(plan: Plan) -> tuple[str, str] | None:
     starts: a clear reason now instead of a child's traceback later."""
     binds = [("router", plan.client_addr, "[router] client_addr"),
              ("router", plan.worker_addr, "[router] worker_addr"),
-             ("gateway", plan.url.replace("http://", "tcp://"), "--port")]  # fmt: skip
+             ("gateway", f"tcp://{plan.gateway_bind}", "--port")]  # fmt: skip
     for name, addr, change in binds:
         if not addr.startswith("tcp://"):
             continue

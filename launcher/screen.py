@@ -86,6 +86,14 @@ class Screen:
             ("logs", str(run_dir)),
         ]
         rows += [("expects", f"{w} at {plan.worker_addr} (remote)") for w in plan.remote]
+        if plan.remote and ("127.0.0.1" in plan.worker_addr or "localhost" in plan.worker_addr):
+            rows.append(
+                (
+                    "warning",
+                    "remote workers cannot reach a loopback address: set "
+                    '[router] worker_addr = "tcp://0.0.0.0:PORT"',
+                )
+            )
         for key, value in rows:
             out.print(f"  {key:<11} {value}", markup=False)
         out.print("  try:", markup=False)

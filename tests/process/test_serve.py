@@ -4,6 +4,7 @@ error with nothing started; a child that ignores SIGTERM is killed after the gra
 
 from __future__ import annotations
 
+import io
 import queue
 import signal
 import socket
@@ -14,6 +15,7 @@ import time
 
 import psutil
 import pytest
+from rich.console import Console
 
 from tandem.launcher.cluster import free_tcp_address, free_tcp_port
 from tandem.launcher.plan import Plan, Proc
@@ -110,6 +112,9 @@ def test_serve_answers_restarts_a_killed_worker_and_stops_clean(tmp_path, monkey
             max_tokens=8,
         )
         assert reply.choices[0].message.content
+        wrong = openai.OpenAI(base_url=url, api_key="sk-wrong", max_retries=0, timeout=30)
+        with pytest.raises(openai.AuthenticationError):
+            wrong.models.list()
 
         worker = next(p for p in s.descendants() if "--worker-id" in p.cmdline())
         worker.send_signal(signal.SIGKILL)
@@ -179,3 +184,37 @@ def test_a_child_that_ignores_sigterm_is_killed_with_its_group(tmp_path):
         assert gone(family) == []
     finally:
         sup.stop_all()  # idempotent: nothing of this test outlives it
+
+
+def test_worker_progress_lines_become_stages_and_other_output_is_logged(tmp_path):
+    """A worker started with --progress-json: its JSON lines drive the screen (one
+    line per stage off a terminal), anything else on its stdout goes to its log."""
+    events = [
+        {"event": "loading", "worker_id": "cpu0", "model": "m.gguf"},
+        {"event": "measuring", "worker_id": "cpu0", "done": 1, "total": 4},
+        {"event": "measuring", "worker_id": "cpu0", "done": 4, "total": 4},
+        {"event": "error", "message": "a warning the worker chose to report"},
+    ]
+    script = "import json; print('plain text'); " + "; ".join(
+        f"print(json.dumps({e!r}))" for e in events
+    )
+    proc = Proc("cpu0", "worker", ("-c", script, "--progress-json"))
+    plan = Plan((proc,), (), "tcp://x:0", "tcp://y:0", "http://127.0.0.1:0", None)
+    out = io.StringIO()
+    screen = Screen(Console(file=out, force_terminal=False, width=200))
+    sup = Supervisor(plan, tmp_path, screen, "m", prefix=(sys.executable,))
+    child = sup.children[0]
+    try:
+        sup._start(child)
+        child.popen.wait(timeout=30)
+        for reader in child.readers:
+            reader.join(timeout=10)
+        sup._drain_events()
+    finally:
+        sup.stop_all()
+    lines = out.getvalue().splitlines()
+    assert any("cpu0" in x and "loading m.gguf" in x for x in lines), lines
+    assert sum("measuring" in x for x in lines) == 1  # one line per stage, not per step
+    assert any("a warning the worker chose to report" in x for x in lines)
+    log = child.log.read_text()
+    assert "plain text" in log and '"event"' not in log

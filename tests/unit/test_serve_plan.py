@@ -189,3 +189,20 @@ def test_a_missing_hub_model_says_what_to_place_where(tmp_path, monkeypatch):
         resolve_model("missing/model.gguf")
     result = CliRunner().invoke(serve, ["org/Absent-GGUF:Q4_0", "--port", "1"])
     assert result.exit_code != 0 and "models--org--Absent-GGUF" in result.output
+
+
+def test_a_worker_takes_a_hub_name_for_its_model(tmp_path, monkeypatch):
+    """`tandem worker --model ORG/NAME-GGUF:QUANT` loads the file the name resolves to
+    (the sim backend: it reads the GGUF's name and tokenizer, runs no model)."""
+    from tandem.workers.backends import build_backend
+    from tandem.workers.config import WorkerConfig
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    hub_cache(tmp_path, "org/Tiny-GGUF", ["tiny-Q4_1.gguf"])
+    cfg = WorkerConfig(router="tcp://127.0.0.1:1", backend="sim", profile="cpu-m2",
+                       model="org/Tiny-GGUF:Q4_1")  # fmt: skip
+    assert build_backend(cfg).model_name == "tiny-Q4_1.gguf"
+    with pytest.raises(FileNotFoundError, match="models--org--Gone"):
+        build_backend(WorkerConfig(router="tcp://127.0.0.1:1", backend="sim", profile="cpu-m2",
+                                   model="org/Gone:Q4_1"))  # fmt: skip
