@@ -38,7 +38,7 @@ def run(policy: str, n: int = 8, **kw) -> tuple[float, Counter]:
 
 
 def test_an_8_burst_replays_as_the_bench_measured_it():
-    """docs/results/seed-sim (sim workers through real processes, a quiet machine):
+    """docs/results/cpu-offload, seed-sim (sim workers through real processes, quiet):
     forced GPU 1.273 s, least_loaded 7.773 s with 4 requests on each worker."""
     mk, where = run("forced:gpu-m2")
     assert mk == pytest.approx(1.273, rel=0.01) and where == {"gpu-m2": 8}
