@@ -54,6 +54,13 @@ class Screen:
         elif kind == "registered":
             self.done(name)
 
+    def starting(self, name: str, log: Path) -> None:
+        """A worker was started: a spinner until its progress lines or registration."""
+        if self.live:
+            self._stage(name, f"{name} starting: loading the model, measuring the device", None, 0)
+        else:
+            self.line("info", name, f"starting (log: {log})")
+
     def _stage(self, name: str, text: str, total: int | None, done: int) -> None:
         if name not in self.tasks:
             self.tasks[name] = self.bars.add_task(text, total=total)

@@ -138,8 +138,8 @@ class Supervisor:
             )
             reader.start()
             child.readers.append(reader)
-        if child.proc.role == "worker" and not self.screen.live:
-            self.screen.line("info", child.name, f"starting (log: {child.log})")
+        if child.proc.role == "worker":
+            self.screen.starting(child.name, child.log)
 
     def _read(self, name: str, pipe: IO[bytes], log: IO[bytes]) -> None:
         """A worker's stdout: its JSON progress lines become events, the rest is logged."""

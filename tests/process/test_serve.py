@@ -5,6 +5,7 @@ error with nothing started; a child that ignores SIGTERM is killed after the gra
 from __future__ import annotations
 
 import io
+import os
 import queue
 import signal
 import socket
@@ -95,7 +96,7 @@ def test_serve_answers_restarts_a_killed_worker_and_stops_clean(tmp_path, monkey
     # The model by its hub name, from a hub cache that holds it (no network here).
     cache = tmp_path / "hub"
     hub_cache(cache, "org/Smol-GGUF", ["smol-Q4_1.gguf"])
-    env = {**__import__("os").environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     args = ["org/Smol-GGUF:Q4_1", "--warmup", "off", "--threads", "1", "--api-key", "sk-test",
             "--run-dir", str(tmp_path / "run")]  # fmt: skip
     s = Served(args, env)
@@ -218,3 +219,31 @@ def test_worker_progress_lines_become_stages_and_other_output_is_logged(tmp_path
     assert any("a warning the worker chose to report" in x for x in lines)
     log = child.log.read_text()
     assert "plain text" in log and '"event"' not in log
+
+
+def test_ctrl_c_at_the_terminal_stops_everything(tmp_path):
+    """Ctrl-C signals the terminal's foreground group: serve alone (its children have
+    groups of their own) stops them all and exits 0. Simulated workers: no model runs."""
+    port, client_addr, worker_addr = free_addresses()
+    cmd = serve_command(port, client_addr, worker_addr) + [
+        "--set", "worker.backend='sim'", "--set", "worker.profile='cpu-m2'",
+        "--run-dir", str(tmp_path),
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("ready:"):
+                break
+        assert lines and lines[-1].startswith("ready:"), "".join(lines)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert len(children) == 3
+        os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        assert proc.wait(timeout=30) == 0
+        assert gone(children) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
