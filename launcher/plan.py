@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from tandem.common.model_files import HubName
 from tandem.common.settings import addresses, env_str
 from tandem.launcher.config import WORKER_EXTRA, ServeConfig
 from tandem.launcher.devices import Device
@@ -130,6 +131,10 @@ def make_plan(cfg: ServeConfig, model_path: str | None = None, progress: bool = 
     api_key = gw.pop("api_key", None)
     host = str(gw.pop("host", env_str("GATEWAY_HOST", "127.0.0.1")))
     port = int(gw.pop("port", env_str("GATEWAY_PORT", "8000")))
+    if cfg.model and HubName.parse(cfg.model):  # clients may ask for it by its hub name
+        aliases = gw.get("model_alias", [])
+        aliases = [aliases] if isinstance(aliases, str) else list(aliases)
+        gw["model_alias"] = aliases + [cfg.model] * (cfg.model not in aliases)
     gw_values = {"router": client, "host": host, "port": port, **gw}
     procs = [Proc("router", "router", router_argv)]
     procs += _workers(cfg, cmds["worker"], worker_addr, model_path, progress)

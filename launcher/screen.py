@@ -92,7 +92,8 @@ class Screen:
             ("router", f"{plan.client_addr} (tandem generate / status / top)"),
             ("logs", str(run_dir)),
         ]
-        rows += [("expects", f"{w} at {plan.worker_addr} (remote)") for w in plan.remote]
+        attach = "on its host: tandem worker --router {} --worker-id {} --model {}"
+        rows += [("expects", attach.format(plan.worker_addr, w, model)) for w in plan.remote]
         if plan.remote and ("127.0.0.1" in plan.worker_addr or "localhost" in plan.worker_addr):
             rows.append(
                 (

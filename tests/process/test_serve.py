@@ -108,7 +108,7 @@ def test_serve_answers_restarts_a_killed_worker_and_stops_clean(tmp_path, monkey
         assert "Authorization: Bearer sk-test" in curl and "smol-Q4_1.gguf" in curl
         client = openai.OpenAI(base_url=url, api_key="sk-test", max_retries=0, timeout=120)
         reply = client.chat.completions.create(
-            model="smol-Q4_1.gguf",
+            model="org/Smol-GGUF:Q4_1",  # the name it was served by: an alias of the file's
             messages=[{"role": "user", "content": "Name a color."}],
             max_tokens=8,
         )

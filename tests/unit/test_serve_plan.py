@@ -115,7 +115,8 @@ def test_config_round_trip_gives_the_same_plan(tmp_path, monkeypatch):
     assert plan.remote == ("gpu-box",) and plan.url.endswith(":9000") and plan.api_key == "k"
     router, cpu0, gateway = (list(p.argv) for p in plan.procs)
     assert "--no-calibrate" in router and flag(cpu0, "--n-ctx") == "2048"
-    assert gateway.count("--model-alias") == 2
+    assert gateway.count("--model-alias") == 3  # tiny, small, and the hub name served
+    assert gateway[-1] == "org/Tiny-GGUF:Q4_K_M"
     # Flags override the file.
     procs = dry_run(monkeypatch, MAC, "--config", str(first), "--port", "9100", "--threads", "3")
     assert flag(procs["gateway"], "--port") == "9100" and flag(procs["cpu0"], "--threads") == "3"
