@@ -96,7 +96,7 @@ def serve(model: str | None, config_file: str | None, print_config: bool, dry_ru
 def _serve(cfg: Any, print_config: bool, dry_run: bool) -> None:
     from tandem.common.model_files import ModelNotFound, resolve_model
     from tandem.launcher import config as conf
-    from tandem.launcher.devices import devices, pick, probe
+    from tandem.launcher.devices import devices, hints, pick, probe
     from tandem.launcher.plan import effective, make_plan
 
     path: Path | None = None
@@ -107,7 +107,10 @@ def _serve(cfg: Any, print_config: bool, dry_run: bool) -> None:
         except ModelNotFound:
             if not dry_run:
                 raise
-    found = pick(devices(probe()), cfg.devices)
+    machine = probe()
+    for hint in hints(machine):
+        click.echo(f"note: {hint}", err=True)
+    found = pick(devices(machine), cfg.devices)
     if path is not None and path.is_dir():  # an MLX folder: llama.cpp reads GGUF only
         found = [d for d in found if d.backend == "mlx"]
         if not found and not cfg.workers:

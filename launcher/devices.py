@@ -66,6 +66,19 @@ def devices(m: Machine) -> list[Device]:
     return found
 
 
+def hints(m: Machine) -> list[str]:
+    """What the machine has that no installed backend can use, and what would."""
+    out = []
+    if m.cuda_gpus and not (m.mlx_cuda or m.llama_gpu):
+        out.append(f"{m.cuda_gpus} NVIDIA GPU(s) found but no backend here can use them: "
+                   "install the mlx-cuda extra (or a CUDA build of llama-cpp-python)")  # fmt: skip
+    if m.system == "Darwin" and m.arch == "arm64" and not (m.mlx_metal or m.llama_gpu):
+        out.append("Apple GPU unused: install the mlx-metal extra")
+    if not m.llama:
+        out.append("llama-cpp-python is not installed: the CPU is served by MLX (slow)")
+    return out
+
+
 def pick(found: list[Device], wanted: str) -> list[Device]:
     """The devices ``--devices`` names: auto (all), or a comma list of cpu, gpu (every
     GPU), metal, cuda, cuda:N. ValueError names what this machine has."""

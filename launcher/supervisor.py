@@ -74,6 +74,7 @@ class Supervisor:
         self.stop = threading.Event()
         self.hurry = False  # a second signal: SIGKILL at once
         self.ready_shown = False
+        self.remote_waiting = set(plan.remote)
 
     # ---------------------------------------------------------------- run
     def run(self, keys: str | None = None) -> int:
@@ -93,6 +94,7 @@ class Supervisor:
                 self._drain_events()
                 self._reap()
                 self._observe(probes)
+                self._observe_remote(probes)
                 self._restart_due()
                 self._maybe_ready(probes)
                 self.stop.wait(0.2)
@@ -217,6 +219,14 @@ class Supervisor:
                 child.up = child.ever_up = True
                 self.screen.done(child.name)
                 self.screen.line("up", child.name, detail)
+
+    def _observe_remote(self, probes: Probes) -> None:
+        """Say once when each expected remote worker has attached."""
+        for wid in self.remote_waiting.copy():
+            detail = probes.worker(wid, float("-inf"))
+            if detail is not None:
+                self.remote_waiting.discard(wid)
+                self.screen.line("up", wid, f"(remote) {detail}")
 
     def _maybe_ready(self, probes: Probes) -> None:
         if self.ready_shown:

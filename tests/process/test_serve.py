@@ -247,3 +247,29 @@ def test_ctrl_c_at_the_terminal_stops_everything(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_a_remote_worker_from_the_config_is_announced_when_it_attaches(tmp_path):
+    """[[workers]] remote = true: serve is ready without it, shows how to attach it,
+    and says so when a worker of that id registers (simulated workers: no model)."""
+    config = tmp_path / "tandem.toml"
+    config.write_text(
+        "[worker]\nbackend = 'sim'\nprofile = 'cpu-m2'\n"
+        "[[workers]]\nworker_id = 'cpu0'\n[[workers]]\nworker_id = 'far0'\nremote = true\n"
+    )
+    s = Served(["--config", str(config), "--run-dir", str(tmp_path / "run")])
+    far = None
+    try:
+        s.expect("ready:")
+        attach = s.expect("expects", "far0")
+        assert f"--router {s.worker_addr} --worker-id far0" in attach
+        cmd = [sys.executable, "-m", "tandem", "worker", "--router", s.worker_addr,
+               "--worker-id", "far0", "--backend", "sim", "--profile", "cpu-m2"]  # fmt: skip
+        far = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        s.expect("far0", "(remote)", "registered", timeout_s=60)
+    finally:
+        if far is not None:
+            far.terminate()
+            far.wait(timeout=10)
+        s.proc.terminate()
+        assert s.proc.wait(timeout=30) == 0

@@ -207,3 +207,10 @@ def test_a_worker_takes_a_hub_name_for_its_model(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="models--org--Gone"):
         build_backend(WorkerConfig(router="tcp://127.0.0.1:1", backend="sim", profile="cpu-m2",
                                    model="org/Gone:Q4_1"))  # fmt: skip
+
+
+def test_a_gpu_no_backend_can_use_is_named_with_what_to_install():
+    bare = dev.Machine("Linux", "x86_64", cores=16, cuda_gpus=2)
+    assert [d.kind for d in dev.devices(bare)] == ["cpu"]
+    assert any("mlx-cuda" in h for h in dev.hints(bare))
+    assert dev.hints(CUDA) == [] and dev.hints(CPU_ONLY) == []
