@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,6 +165,9 @@ def _download(hub: HubName) -> Path:
         import huggingface_hub as hf
     except ImportError:
         raise ModelNotFound(_missing(hub, None, "huggingface_hub is not installed")) from None
+    unreachable = _hub_unreachable()
+    if unreachable:  # at once, not after the hub client's retries (tens of seconds)
+        raise ModelNotFound(_missing(hub, None, unreachable))
     try:
         file = hub.file
         if file is None:
@@ -174,6 +179,20 @@ def _download(hub: HubName) -> Path:
         return Path(hf.hf_hub_download(hub.repo, file))
     except Exception as exc:  # offline, unknown repo, gated, HTTP errors: one message
         raise ModelNotFound(_missing(hub, None, f"{type(exc).__name__}: {exc}")) from None
+
+
+def _hub_unreachable(timeout_s: float = 3.0) -> str:
+    """Why the hub cannot be reached ("" when it can): one TCP connection to it
+    (none through a proxy: the hub client knows its way there)."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return ""
+    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=timeout_s).close()
+    except OSError as exc:
+        return f"{url.hostname}:{port} unreachable: {exc.strerror or exc}"
+    return ""
 
 
 def pick_name(files: list[str], hub: HubName) -> str | None:
@@ -195,7 +214,7 @@ def _missing(hub: HubName, snapshot: Path | None, why: str = "") -> str:
     return (
         f"model {hub} is not in the Hugging Face cache at {cache}{had}, and it cannot be "
         f"downloaded here ({reason}). On a machine that reaches the hub run "
-        f"`huggingface-cli download {hub.repo}{target}` and copy the folder "
+        f"`hf download {hub.repo}{target}` (huggingface_hub's CLI) and copy the folder "
         f"models--{hub.repo.replace('/', '--')} into {hf_cache_dir()} (HF_HUB_CACHE or "
         "HF_HOME/hub), or pass the path of a local .gguf file"
     )

@@ -14,6 +14,7 @@ from tandem.cli.serve import serve
 from tandem.common.model_files import ModelNotFound, default_model_path, resolve_model
 from tandem.launcher import config as conf
 from tandem.launcher import devices as dev
+from tandem.launcher.cluster import free_tcp_port
 from tandem.launcher.plan import effective, make_plan
 
 MAC = dev.Machine("Darwin", "arm64", cores=10, mlx_metal=True, llama_gpu=True)
@@ -185,7 +186,14 @@ def test_a_missing_hub_model_says_what_to_place_where(tmp_path, monkeypatch):
         resolve_model("org/Tiny-GGUF:Q5_K_S")
     text = str(err.value)
     assert str(tmp_path / "models--org--Tiny-GGUF") in text
-    assert "huggingface-cli download org/Tiny-GGUF --include '*Q5_K_S*.gguf'" in text
+    assert "hf download org/Tiny-GGUF --include '*Q5_K_S*.gguf'" in text
+    # Online but the hub unreachable: said at once, naming the endpoint tried.
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_tcp_port()}")
+    with pytest.raises(ModelNotFound, match="unreachable"):
+        resolve_model("org/Tiny-GGUF:Q5_K_S")
     with pytest.raises(ModelNotFound, match="no such file"):
         resolve_model("missing/model.gguf")
     result = CliRunner().invoke(serve, ["org/Absent-GGUF:Q4_0", "--port", "1"])
