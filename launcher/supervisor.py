@@ -9,6 +9,7 @@ the gateway and the router; a group still alive after the grace is SIGKILLed.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import queue
@@ -24,6 +25,10 @@ from typing import IO, Any
 from tandem.launcher.plan import Plan, Proc
 from tandem.launcher.probes import Probes, port_problem
 from tandem.launcher.screen import Screen
+
+# Loaded before any fork: the child only calls it between fork and exec.
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+_PR_SET_PDEATHSIG = 1
 
 BACKOFF_MAX_S = 30.0
 STABLE_S = 60.0  # a process up this long has its backoff reset when it dies
@@ -110,8 +115,9 @@ class Supervisor:
             print(f"stopped ({left} process{'es' if left != 1 else ''} had to be killed)")
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        if self.stop.is_set():
+        if self.stop.is_set():  # asked twice: no more grace
             self.hurry = True
+            _signal_all(self.children, signal.SIGKILL)
         self.stop.set()
 
     def _child(self, name: str) -> Child | None:
@@ -131,7 +137,10 @@ class Supervisor:
             stderr=log,
             env=env,
             process_group=0,  # its own group: Ctrl-C reaches us, and killpg reaches its children
+            preexec_fn=_die_with_parent,
         )
+        if not piped:
+            log.close()  # the child holds its own copy
         child.started_s, child.up, child.restart_at = time.monotonic(), False, None
         if piped:
             assert child.popen.stdout is not None
@@ -257,6 +266,13 @@ class Supervisor:
             for reader in c.readers:
                 reader.join(timeout=1.0)
         return killed
+
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when this supervisor dies, even by
+    SIGKILL, so that no router is left holding its port. Elsewhere a no-op."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _signal_all(children: list[Child], sig: int) -> None:

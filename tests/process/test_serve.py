@@ -273,3 +273,26 @@ def test_a_remote_worker_from_the_config_is_announced_when_it_attaches(tmp_path)
             far.wait(timeout=10)
         s.proc.terminate()
         assert s.proc.wait(timeout=30) == 0
+
+
+def test_children_do_not_outlive_a_killed_serve(tmp_path):
+    """serve killed outright (no chance to stop anything): its children follow it
+    (Linux: a parent-death signal), so no router is left holding its port."""
+    port, client_addr, worker_addr = free_addresses()
+    cmd = serve_command(port, client_addr, worker_addr) + [
+        "--set", "worker.backend='sim'", "--set", "worker.profile='cpu-m2'",
+        "--run-dir", str(tmp_path),
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("ready:"):
+            break
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert len(children) == 3
+    proc.kill()
+    proc.wait()
+    _, alive = psutil.wait_procs(children, timeout=15)
+    for p in alive:
+        p.kill()
+    assert alive == []
