@@ -1,1 +1,2 @@
-"""Starting a whole cluster (router + workers) as real processes, for tests and benchmarks."""
+"""Starting tandem's processes: `tandem serve` (devices, plan, config, supervisor,
+probes, screen) and cluster.py, the router + workers of tests and benchmarks."""
