@@ -19,11 +19,11 @@ from typing import Any, Protocol
 
 from tandem.common import protocol as p
 from tandem.common.protocol import FinishReason
+from tandem.common.schedule import admissible, plan_step, reservation
 from tandem.common.tokenizer import TokenizerSpec
 from tandem.workers.config import EngineConfig
 from tandem.workers.prefix_cache import Match, PrefixCache
 from tandem.workers.request import Request, Status, decode_context
-from tandem.workers.schedule import admissible, plan_step, reservation
 from tandem.workers.steptimer import StepTimer
 
 log = logging.getLogger(__name__)

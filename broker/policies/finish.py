@@ -43,7 +43,7 @@ from itertools import compress
 from operator import call, is_not
 
 from tandem.broker.policies.views import Decision, RouteRequest, WorkerView, tie_break
-from tandem.workers.schedule import admissible, decode_segments, plan_step, repeats
+from tandem.common.schedule import admissible, decode_segments, plan_step, repeats
 
 _NO_KV_LIMIT = 1 << 62  # the router's views carry no KV reservations: n_ctx is sized for max_active
 

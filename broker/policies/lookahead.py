@@ -62,7 +62,7 @@ from tandem.broker.policies.finish import (
     step_model,
 )
 from tandem.broker.policies.views import Decision, RouteRequest, WorkerView
-from tandem.workers.schedule import admissible, decode_runs
+from tandem.common.schedule import admissible, decode_runs
 
 Extra = tuple[float, int, int]  # (arrival seconds from now, prompt tokens to compute, budget)
 

@@ -16,11 +16,11 @@ from tandem.broker.policies import FinishTime, Load, RouteRequest, WorkerView, p
 from tandem.broker.policies.finish import predict_finish_s
 from tandem.common import protocol as p
 from tandem.common.protocol import SamplingParams
+from tandem.common.schedule import decode_segments, plan_step, repeats
 from tandem.twin.world import NO_DELAY, TwinWorker, World
 from tandem.workers.backends.sim import SimProfile
 from tandem.workers.engine import EngineConfig
 from tandem.workers.request import Request
-from tandem.workers.schedule import decode_segments, plan_step, repeats
 
 GPU = SimProfile("gpu", 2551.0, tuple(0.003413 * (1 + 0.1 * b) for b in range(8)))
 

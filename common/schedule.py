@@ -4,7 +4,8 @@ The engine (workers/engine.py) runs them on its live requests, one step at a
 time; the router's finish-time predictor (broker/policies/finish.py) and the
 twin (twin/) run the very same functions forward on plain counters. Keeping
 them in one place is what makes a prediction mean "what this worker will do",
-not a second formula that drifts from the engine.
+not a second formula that drifts from the engine. They live in common/ because
+both processes run them: the router must not import the worker's room.
 
 The rules:
 
