@@ -54,7 +54,7 @@ from typing import Any
 
 import click
 
-from tandem.cli.options import out_file_option
+from tandem.bench.options import out_file_option
 from tandem.common import protocol as p
 from tandem.common.affinity import parse_cpus
 from tandem.common.protocol import SamplingParams
