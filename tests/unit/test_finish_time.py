@@ -1,6 +1,6 @@
 """The shared schedule rules and the finish-time predictor, checked against the real engine.
 
-The predictor replays workers/schedule.py forward from a worker's view; the
+The predictor replays common/schedule.py forward from a worker's view; the
 engine runs the same rules step by step. On a twin worker (the real Engine over
 a virtual-clock device) the predicted finish of a new request must equal when
 the engine really finishes it, whatever the state it joins.
