@@ -79,7 +79,7 @@ def serve(model: str | None, config_file: str | None, print_config: bool, dry_ru
 
     try:
         cfg = conf.load(config_file) if config_file else conf.ServeConfig()
-        flags = {
+        flags: dict[str, dict[str, Any]] = {
             "router": {"policy": policy},
             "gateway": {"host": host, "port": port, "api_key": api_key},
             "worker": knobs,

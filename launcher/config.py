@@ -46,10 +46,15 @@ class ServeConfig:
         """This config with command-line values over it (None: not given). A worker
         flag overrides the file's value for every worker, listed ones included."""
         given = {k: v for k, v in top.items() if v is not None}
-        merged = {s: {**getattr(self, s), **sections.get(s, {})} for s in ("router", "gateway")}
         knobs = sections.get("worker", {})
-        workers = tuple({k: v for k, v in w.items() if k not in knobs} for w in self.workers)
-        return replace(self, **given, **merged, worker={**self.worker, **knobs}, workers=workers)
+        return replace(
+            self,
+            **given,
+            router={**self.router, **sections.get("router", {})},
+            gateway={**self.gateway, **sections.get("gateway", {})},
+            worker={**self.worker, **knobs},
+            workers=tuple({k: v for k, v in w.items() if k not in knobs} for w in self.workers),
+        )
 
 
 def load(path: str | Path) -> ServeConfig:

@@ -140,7 +140,7 @@ def make_plan(cfg: ServeConfig, model_path: str | None = None, progress: bool = 
     procs += _workers(cfg, cmds["worker"], worker_addr, model_path, progress)
     # Secrets by environment, not argv (argv is visible to every user of the machine);
     # the gateway has no --keys flag: its router connection reads TANDEM_KEYS.
-    gw_env = (("TANDEM_API_KEY", api_key),) if api_key else ()
+    gw_env: tuple[tuple[str, str], ...] = (("TANDEM_API_KEY", str(api_key)),) if api_key else ()
     gw_env += (("TANDEM_KEYS", cfg.keys),) if cfg.keys else ()
     gw_argv = _argv(cmds["gateway"], "gateway", "[gateway]", gw_values)
     procs.append(Proc("gateway", "gateway", gw_argv, gw_env))

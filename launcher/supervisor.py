@@ -105,8 +105,8 @@ class Supervisor:
                 self.stop.wait(0.2)
             return 0
         except StartFailed as exc:
-            child = self._child(exc.name)
-            self.screen.failure(exc.name, str(exc), child.log if child else None)
+            failed = self._child(exc.name)
+            self.screen.failure(exc.name, str(exc), failed.log if failed else None)
             return 1
         finally:
             probes.close()
@@ -124,13 +124,13 @@ class Supervisor:
         return next((c for c in self.children if c.name == name), None)
 
     # ---------------------------------------------------------- processes
-    def _start(self, child: Child) -> None:
+    def _start(self, child: Child) -> subprocess.Popen[bytes]:
         log = open(child.log, "ab")  # noqa: SIM115 - closed by the reader or kept by the child
         log.write(f"--- {time.strftime('%H:%M:%S')} tandem {' '.join(child.proc.argv)}\n".encode())
         log.flush()
         piped = "--progress-json" in child.proc.argv
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **dict(child.proc.env)}
-        child.popen = subprocess.Popen(
+        child.popen = popen = subprocess.Popen(
             [*self.prefix, *child.proc.argv],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE if piped else log,
@@ -143,14 +143,15 @@ class Supervisor:
             log.close()  # the child holds its own copy
         child.started_s, child.up, child.restart_at = time.monotonic(), False, None
         if piped:
-            assert child.popen.stdout is not None
+            assert popen.stdout is not None
             reader = threading.Thread(
-                target=self._read, args=(child.name, child.popen.stdout, log), daemon=True
+                target=self._read, args=(child.name, popen.stdout, log), daemon=True
             )
             reader.start()
             child.readers.append(reader)
         if child.proc.role == "worker":
             self.screen.starting(child.name, child.log)
+        return popen
 
     def _read(self, name: str, pipe: IO[bytes], log: IO[bytes]) -> None:
         """A worker's stdout: its JSON progress lines become events, the rest is logged."""
@@ -200,8 +201,8 @@ class Supervisor:
         now = time.monotonic()
         for child in self.children:
             if child.restart_at is not None and now >= child.restart_at and not self.stop.is_set():
-                self._start(child)
-                self.screen.line("note", child.name, f"restarted (pid {child.popen.pid})")
+                pid = self._start(child).pid
+                self.screen.line("note", child.name, f"restarted (pid {pid})")
 
     # ----------------------------------------------------------- readiness
     def _drain_events(self) -> None:
