@@ -127,3 +127,24 @@ def test_no_import_cycle() -> None:
     for m in sorted(graph):
         if m not in state:
             visit(m, [m])
+
+
+RESULTS = ROOT / "docs" / "results"
+
+
+def _study_plots(folder: Path) -> list[Path]:
+    """A study's plots: its folder's and those of subfolders that are not studies."""
+    out = list(folder.glob("*.png"))
+    for sub in (p for p in folder.iterdir() if p.is_dir() and not (p / "README.md").exists()):
+        out += _study_plots(sub)
+    return out
+
+
+def test_results_are_studies_within_their_budget() -> None:
+    """docs/results holds summaries with a plot or two, not dumps: every clone carries it."""
+    files = [p for p in RESULTS.rglob("*") if p.is_file()]
+    assert sum(p.stat().st_size for p in files) <= 5_000_000
+    assert all(p.stat().st_size < 200_000 for p in files if p.suffix == ".png")
+    assert all(p.suffix in {".md", ".png", ".xz", ".json", ".jsonl", ".py"} for p in files)
+    for readme in RESULTS.rglob("README.md"):
+        assert len(_study_plots(readme.parent)) <= 2, readme.parent
