@@ -29,9 +29,9 @@ from tandem.common.codec import FieldError, Wire, codec_for, str_keys
 from tandem.common.errors import ErrorCode, Problem
 from tandem.common.validation import message_problem
 
-PROTOCOL_VERSION = 5  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds;
+PROTOCOL_VERSION = 6  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds;
 # 4: step_tokens (a worker that batches its deltas must not meet a router that cannot read them);
-# 5: batch (the router sends a peer what one turn owes it in one frame)
+# 5: batch (the router sends a peer what one turn owes it in one frame); 6: ready.provisional
 
 
 class FinishReason(StrEnum):
@@ -271,6 +271,9 @@ class Ready(Message):
     tokenizer_hash: str = ""  # tokenizer_hash(spec); "" = not given (the spec must be)
     step_tokens: int = 256  # the engine's per-step token budget (finish-time prediction)
     weights: str = ""  # digest of the weights (common.gguf_file.weights_digest); "" unknown
+    # Rates not yet borne out by steps served here (a stored profile, a quick start-up
+    # measurement): the router trusts them less until its live step model has enough.
+    provisional: bool = False
 
 
 def tokenizer_hash(spec: dict[str, Any]) -> str:
