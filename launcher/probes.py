@@ -100,7 +100,7 @@ def port_problem(plan: Plan) -> tuple[str, str] | None:
             continue
         host, _, port = addr.removeprefix("tcp://").rpartition(":")
         host = "0.0.0.0" if host in ("*", "") else host.strip("[]")
-        if port in ("0", "*"):
+        if not port.isdigit() or port == "0":  # no port (ipc://) or any free one
             continue
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind

@@ -85,12 +85,12 @@ class Supervisor:
     def run(self, keys: str | None = None) -> int:
         """Serve until a signal (exit 0) or until the router or gateway cannot start,
         or no worker can (exit 1, with the reason)."""
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._on_signal)
         problem = port_problem(self.plan)
         if problem:
             self.screen.failure(*problem, None)
             return 1
+        signals = (signal.SIGINT, signal.SIGTERM)
+        before = {sig: signal.signal(sig, self._on_signal) for sig in signals}
         probes = Probes(self.plan, keys)
         try:
             for child in self.children:
@@ -113,6 +113,8 @@ class Supervisor:
             self.screen.close()
             left = self.stop_all()
             print(f"stopped ({left} process{'es' if left != 1 else ''} had to be killed)")
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.stop.is_set():  # asked twice: no more grace
@@ -190,7 +192,9 @@ class Supervisor:
             delay = min(BACKOFF_MAX_S, 2.0 ** (child.deaths - 1))
             child.restart_at, child.up = now + delay, False
             self.screen.done(child.name)
-            self.screen.line("down", child.name, f"{why}; restarting in {delay:.0f} s")
+            # Its last words when it failed by itself; a signal's cause is elsewhere.
+            tail = child.log if code > 0 else None
+            self.screen.failure(child.name, f"{why}; restarting in {delay:.0f} s", tail)
 
     def _check_any_worker(self) -> None:
         workers = [c for c in self.children if c.proc.role == "worker"]

@@ -296,3 +296,23 @@ def test_children_do_not_outlive_a_killed_serve(tmp_path):
     for p in alive:
         p.kill()
     assert alive == []
+
+
+def test_a_worker_that_keeps_failing_is_restarted_then_given_up_with_its_words(tmp_path):
+    """Each death of a worker that fails by itself shows its log's last lines and a
+    growing backoff; one that never registers is given up after a few tries, and
+    with no worker left serve exits non-zero saying so."""
+    failing = "import sys; print('boom: no such device', file=sys.stderr); sys.exit(3)"
+    proc = Proc("cpu0", "worker", ("-c", failing))
+    sock = f"ipc://{tmp_path}/none.sock"  # no router there: nothing registers
+    plan = Plan((proc,), (), sock, sock + "w", "http://127.0.0.1:0", None)
+    out = io.StringIO()
+    screen = Screen(Console(file=out, force_terminal=False, width=200))
+    sup = Supervisor(plan, tmp_path, screen, "m", prefix=(sys.executable,))
+    assert sup.run() == 1
+    text = out.getvalue()
+    assert "exited with code 3; restarting in 1 s" in text
+    assert "exited with code 3; restarting in 2 s" in text
+    assert "boom: no such device" in text
+    assert "given up" in text and "no worker could start" in text
+    assert sup.children[0].log.read_text().count("boom: no such device\n") == 3  # 3 starts
