@@ -87,8 +87,8 @@ class RouterMetrics:
         )
         self.rejected = Counter(
             "tandem_frames_rejected",
-            "Frames refused by protocol checks, by sender side and error code.",
-            ["source", "code"],
+            "Frames refused at the protocol boundary, by sender side and reason.",
+            ["source", "reason"],
             registry=r,
         )
         self.ttft = _Histogram(
@@ -210,8 +210,9 @@ class RouterMetrics:
         self.requests.inc((outcome, policy or "none"))
         self.totals["requests_ended"] += 1
 
-    def on_rejected(self, source: str, code: str) -> None:
-        self.rejected.labels(source, code).inc()
+    def on_rejected(self, source: str, reason: str) -> None:
+        """A refused frame; ``reason``: a ``protocol.Refusal`` (a small fixed set)."""
+        self.rejected.labels(source, reason).inc()
 
     def on_heartbeat(self, w: WorkerState, priced: Rates) -> None:
         """Per-worker gauges from a heartbeat; ``priced``: the rates routing uses now.

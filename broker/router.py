@@ -37,6 +37,7 @@ from tandem.broker.requests import ClientRequest, PendingQueue, prompt_tokens, v
 from tandem.broker.spin import AdaptiveSpin
 from tandem.common import auth
 from tandem.common import protocol as p
+from tandem.common.refusals import RefusalLog
 from tandem.common.tokenizer import TextTokenizer, TokenizerSpec
 from tandem.common.transport import RouterSocket, close_monitor, drain_events
 
@@ -85,6 +86,7 @@ class Router:
         )
         self.views = ViewCache(self.calibration)
         self.outbox = TokenOutbox()
+        self.refusals = RefusalLog(log)  # refused frames and handling failures, rate-limited
         self.spin = AdaptiveSpin(self.cfg.spin_us / 1e6)
         self.tokenizer_hash = ""
         self._spec_asked_at = -SPEC_ASK_EVERY_S
@@ -211,20 +213,23 @@ class Router:
             if parts is None:
                 emptied = True
                 break
-            if repeat is not None and len(parts) == 2 and repeat(parts[0], parts[1]):
-                continue
-            identity, msg = sock.parse(parts)
+            # Nothing a peer sends may raise out of a turn: parse (which refuses any
+            # bad frame as a ProtocolError, common/protocol.decode) and handling both
+            # stand inside this one boundary.
             try:
+                if repeat is not None and len(parts) == 2 and repeat(parts[0], parts[1]):
+                    continue
+                identity, msg = sock.parse(parts)
                 handler(identity, msg)
-            except Exception:  # a bug must not take the router down with it
-                log.exception("router failed handling %r from %r", msg, identity)
-            else:
                 if (
                     repeat is not None
                     and isinstance(msg, p.Heartbeat)
                     and identity in self._by_identity
                 ):
                     self._hb_frames[identity] = parts[1]
+            except Exception:  # a bug must not take the router down with it
+                self.refusals.note("router failed handling a frame from %r", parts[0],
+                                   exc_info=True)  # fmt: skip
             if not sock.waiting():  # cheaper than the read that would find nothing
                 emptied = True
                 break
@@ -275,8 +280,9 @@ class Router:
     def on_client(self, identity: bytes, msg: p.Message | p.ProtocolError) -> None:
         reply = self.client_sock.queue
         if isinstance(msg, p.ProtocolError):
-            log.info("rejected client frame: %s", msg.message)
-            self.metrics.on_rejected("client", msg.code)
+            self.refusals.refused(msg.reason, "rejected client frame (%s): %s", msg.reason,
+                                  msg.message)  # fmt: skip
+            self.metrics.on_rejected("client", msg.reason)
             reply(identity, p.Error(msg.code, msg.message, msg.request_id))
         elif isinstance(msg, p.Hello):
             reply(identity, self._welcome())
@@ -540,11 +546,13 @@ class Router:
                 try:
                     self.on_worker(identity, entry)
                 except Exception:  # as _drain does per frame: the other entries still count
-                    log.exception("router failed handling %r from %r", entry, identity)
+                    self.refusals.note("router failed handling %s from %r", entry.__class__,
+                                       identity, exc_info=True)  # fmt: skip
             return
         if isinstance(msg, p.ProtocolError):
-            log.warning("rejected worker frame from %r: %s", identity, msg.message)
-            self.metrics.on_rejected("worker", msg.code)
+            self.refusals.refused(msg.reason, "rejected worker frame from %r (%s): %s",
+                                  identity, msg.reason, msg.message)  # fmt: skip
+            self.metrics.on_rejected("worker", msg.reason)
             self.worker_sock.send(identity, p.Error(msg.code, msg.message, msg.request_id))
             return
         if isinstance(msg, p.Ready):

@@ -27,6 +27,7 @@ import msgpack
 
 from tandem.common.codec import FieldError, Wire, codec_for, str_keys
 from tandem.common.errors import ErrorCode, Problem
+from tandem.common.framescan import MAX_FRAME_DEPTH, scan
 from tandem.common.validation import message_problem
 
 PROTOCOL_VERSION = 6  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds;
@@ -55,14 +56,37 @@ ROUTER_LOST = ErrorCode.ROUTER_LOST
 MAX_STOP_STRINGS = 16
 
 
-class ProtocolError(ValueError):
-    """A frame could not be accepted. ``request_id`` is set when it could be read."""
+class Refusal(StrEnum):
+    """Why a frame was refused, in a small fixed set: the ``reason`` label of the
+    router's ``tandem_frames_rejected_total`` (docs/METRICS.md)."""
 
-    def __init__(self, code: ErrorCode, message: str, request_id: str | None = None) -> None:
+    TOO_DEEP = "too_deep"  # nested past framescan.MAX_FRAME_DEPTH: refused before decoding
+    TOO_LARGE = "too_large"  # a header claims more items or bytes than the frame holds
+    MALFORMED = "malformed"  # not msgpack, not a map, an unknown type
+    BAD_FIELD = "bad_field"  # a field missing, unknown, mistyped or out of bounds
+    VERSION = "version"  # another protocol version
+    UNREADABLE = "unreadable"  # the decoder itself failed on it (any other exception)
+
+
+_REASON_OF_CODE = {BAD_FRAME: Refusal.MALFORMED, VERSION_MISMATCH: Refusal.VERSION}
+
+
+class ProtocolError(ValueError):
+    """A frame could not be accepted. ``request_id`` is set when it could be read;
+    ``reason`` says which kind of refusal it is (by default, from ``code``)."""
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        request_id: str | None = None,
+        reason: Refusal | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.request_id = request_id
+        self.reason = reason or _REASON_OF_CODE.get(code, Refusal.BAD_FIELD)
 
 
 @dataclass
@@ -424,14 +448,39 @@ _BATCH_HEAD = bytes((_BATCH_HEAD[0] + 1,)) + _BATCH_HEAD[1:] + msgpack.packb("me
 
 
 def decode(frame: bytes) -> Message:
-    """Parse and validate one frame; raise ProtocolError on anything unexpected.
+    """Parse and validate one frame; raise ProtocolError on anything unexpected, and
+    nothing else, whatever the bytes (the boundary every received frame crosses).
     A ``batch`` frame comes back as a Batch of packed entries (see ``decode_all``)."""
     try:
-        msg = _WIRE.decode(frame)
-    except FieldError as refused:  # the hand-written codecs say why
-        _refused(refused, _decode_slow, frame)
-    _check(msg)
-    return msg
+        # Nesting is bounded before any decoder recurses into the frame (a ~1 KB frame
+        # nested 1,000 deep made msgspec raise RecursionError): common/framescan.py.
+        deep = scan(frame) if len(frame) > MAX_FRAME_DEPTH else None
+        if deep is not None:
+            raise _scan_refusal(deep)
+        try:
+            msg = _WIRE.decode(frame)
+        except FieldError as refused:  # the hand-written codecs say why
+            _refused(refused, _decode_slow, frame)
+        _check(msg)
+        return msg
+    except ProtocolError:
+        raise
+    except Exception as exc:  # a peer's bytes must never raise anything else
+        raise _unreadable(exc) from None
+
+
+def _scan_refusal(deep: str) -> ProtocolError:
+    if deep == Refusal.TOO_DEEP:
+        what = f"frame nests deeper than {MAX_FRAME_DEPTH} levels"
+    else:
+        what = "frame declares a length past its end"
+    return ProtocolError(BAD_FRAME, what, reason=Refusal(deep))
+
+
+def _unreadable(exc: BaseException) -> ProtocolError:
+    return ProtocolError(
+        BAD_FRAME, f"frame could not be decoded ({type(exc).__name__})", reason=Refusal.UNREADABLE
+    )
 
 
 def _refused(refused: FieldError, explain: Any, frame: Any) -> NoReturn:
@@ -488,7 +537,7 @@ def decode_all(frame: bytes) -> list[Message | ProtocolError]:
 def entries(batch: Batch) -> list[Message | ProtocolError]:
     """A decoded batch's messages, as ``decode_all`` gives them."""
     out: list[Message | ProtocolError] = []
-    for raw in batch.messages:
+    for raw in batch.messages:  # the batch's frame was scanned whole (decode)
         try:
             try:
                 msg = _WIRE.entry(raw)
@@ -498,6 +547,8 @@ def entries(batch: Batch) -> list[Message | ProtocolError]:
             out.append(msg)
         except ProtocolError as exc:
             out.append(exc)
+        except Exception as exc:  # as in decode: nothing else leaves a peer's bytes
+            out.append(_unreadable(exc))
     return out
 
 

@@ -26,6 +26,7 @@ import msgpack
 import zmq
 
 from tandem.common import protocol as p
+from tandem.common.refusals import RefusalLog
 from tandem.common.transport import DealerSocket, Setup, close_monitor, context, monitor_socket
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class WorkerLink:
         self._pull.setsockopt(zmq.RCVHWM, 0)  # never make the compute thread wait
         self._pull.bind(self._pipe_addr)
         self._local = threading.local()
+        self.refusals = RefusalLog(log)  # refused frames by reason, logged at a bounded rate
 
     def emit(self, msg: p.Message) -> None:
         """Send ``msg`` to the router; callable from any thread but this one."""
@@ -144,7 +146,7 @@ class WorkerLink:
                     out.send()
                 if dealer.sock in events:
                     while dealer.poll(0):
-                        if self._dispatch(dealer.recv()):
+                        if self._receive(dealer):
                             backoff_s, next_ready = 0.25, 0.0
                 if refused in events:
                     refused.recv_multipart()
@@ -171,10 +173,21 @@ class WorkerLink:
             dealer.close()
             self._pull.close(linger=0)
 
+    def _receive(self, dealer: DealerSocket) -> bool:
+        """Read and handle one message; True when we must re-register now. Nothing the
+        router's socket carries may raise out of here: this thread is the worker's
+        only ear (a bad frame is refused by ``protocol.decode``, a bug it trips is
+        logged, both at a bounded rate)."""
+        try:
+            return self._dispatch(dealer.recv())
+        except Exception:
+            self.refusals.note("worker failed handling a frame from the router", exc_info=True)
+            return False
+
     def _dispatch(self, msg: p.Message | p.ProtocolError) -> bool:
         """Handle one message from the router; True when we must re-register now."""
         if isinstance(msg, p.ProtocolError):
-            log.warning("bad frame from router: %s", msg)
+            self.refusals.refused(msg.reason, "bad frame from router (%s): %s", msg.reason, msg)
             if msg.code == p.VERSION_MISMATCH:  # the router speaks another version
                 self.fatal = msg.message
         elif isinstance(msg, p.Welcome):

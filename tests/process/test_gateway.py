@@ -294,7 +294,7 @@ def test_metrics_parse_and_move_with_traffic(served):
     ttft = f"tandem_time_to_first_token_seconds_count{w}"
     assert after[ttft] == before.get(ttft, 0) + 1
     assert after["tandem_routing_decision_seconds_count"] >= 1
-    bad = 'tandem_frames_rejected_total{code="bad_frame",source="client"}'
+    bad = 'tandem_frames_rejected_total{reason="malformed",source="client"}'
     assert after[bad] == before.get(bad, 0) + 1
     assert after["tandem_workers"] == 1
     assert after[f"tandem_worker_kv_capacity_tokens{w}"] == 4096

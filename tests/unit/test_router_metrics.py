@@ -61,7 +61,7 @@ def test_failures_and_rejected_frames_are_counted(h: Harness) -> None:
     h.client.sock.send(b"\x01garbage")
     h.pump()
     assert value(h, "tandem_requests_total", outcome="prompt_too_long", policy="none") == 1
-    assert value(h, "tandem_frames_rejected_total", source="client", code="bad_frame") == 1
+    assert value(h, "tandem_frames_rejected_total", source="client", reason="malformed") == 1
 
 
 def test_a_departed_worker_loses_its_gauges_but_not_its_counters(h: Harness) -> None:
