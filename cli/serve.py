@@ -99,6 +99,10 @@ def _serve(cfg: Any, print_config: bool, dry_run: bool) -> None:
     from tandem.launcher.devices import devices, hints, pick, probe
     from tandem.launcher.plan import effective, make_plan
 
+    if cfg.keys:  # a bad keys folder is refused before any process starts
+        from tandem.common.auth import keys_dir
+
+        keys_dir(cfg.keys)
     path: Path | None = None
     if not print_config:
         try:

@@ -178,6 +178,8 @@ def _workers(
         if model and "model" not in values:
             values["model"] = model
         values["router"] = addr
+        if cfg.keys:
+            values["keys"] = cfg.keys
         if progress and "progress_json" in option_keys(cmd):
             values["progress_json"] = True
         argv = _argv(cmd, "worker", where, values)

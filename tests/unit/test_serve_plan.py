@@ -222,3 +222,17 @@ def test_a_gpu_no_backend_can_use_is_named_with_what_to_install():
     assert [d.kind for d in dev.devices(bare)] == ["cpu"]
     assert any("mlx-cuda" in h for h in dev.hints(bare))
     assert dev.hints(CUDA) == [] and dev.hints(CPU_ONLY) == []
+
+
+def test_curve_keys_reach_every_process_and_a_bad_folder_is_refused(tmp_path, monkeypatch):
+    from tandem.common.auth import make_keys
+
+    make_keys(tmp_path / "k")
+    monkeypatch.setattr(dev, "probe", lambda: MAC)
+    cfg = effective(conf.ServeConfig(keys=str(tmp_path / "k")), dev.devices(MAC))
+    plan = make_plan(cfg)
+    for proc in plan.procs:
+        given = flag(list(proc.argv), "--keys") or dict(proc.env).get("TANDEM_KEYS")
+        assert given == str(tmp_path / "k"), proc  # the gateway by environment: no --keys
+    result = CliRunner().invoke(serve, ["--dry-run", "--keys", str(tmp_path)])
+    assert result.exit_code != 0 and "not a tandem keys folder" in result.output
