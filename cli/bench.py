@@ -17,6 +17,7 @@ from click.core import ParameterSource
 
 from tandem.bench.workload import KINDS
 from tandem.broker.policies import DEFAULT_POLICY
+from tandem.cli.extras import BENCH_MODULES, require_extra
 from tandem.cli.options import out_file_option
 
 _DEFAULTS: dict[str, Any] = {
@@ -99,6 +100,7 @@ def _opt(*names: str, key: str, help: str, **kw: Any) -> Any:
 @click.pass_context
 def bench(ctx: click.Context, **opts: Any) -> None:
     """Benchmark routing policies on a cluster this command starts (one per run)."""
+    require_extra("bench", BENCH_MODULES, "tandem bench")
     if ctx.invoked_subcommand is not None:
         return
     from tandem.bench.run import run_bench

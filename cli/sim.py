@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from tandem.cli.bench import bench, build_config, command_line
+from tandem.cli.extras import BENCH_MODULES, require_extra
 from tandem.cli.options import out_file_option
 
 _SKIP = {"rates", "transport", "keep_token_times", "no_progress", "out_dir"}  # bench-only
@@ -37,6 +38,7 @@ def _option(flag: str, help: str, name: str | None = None, **kw: Any) -> click.O
 @click.pass_context
 def _sim(ctx: click.Context, **opts: Any) -> None:
     """Replay bench workloads in the virtual-time twin (sim workers; seconds, not minutes)."""
+    require_extra("bench", BENCH_MODULES, "tandem sim")
     if ctx.invoked_subcommand is not None:
         return
     from tandem.bench.report import headline

