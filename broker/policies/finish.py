@@ -1,7 +1,7 @@
 """``finish_time``: send a request where it is predicted to finish first.
 
 For each candidate the router replays that worker's own scheduling rules
-(workers/schedule.py, the functions its engine runs: FIFO admission under
+(common/schedule.py, the functions its engine runs: FIFO admission under
 ``max_active``, a ``step_tokens`` budget per step spent on decode rows first,
 then prefill chunks) forward from what it knows of the worker (each active and
 queued request's remaining prefill and decode, after cache discounts), with

@@ -19,7 +19,7 @@ candidate, then the arrivals the recent past predicts (as many in the next H
 seconds as came in the last H, H = the new request's predicted finish; each
 shaped like it, at the recent mean spacing), each placed where it adds least to
 the total, every worker replayed forward by the engine's own schedule
-(workers/schedule.py) with each request joining at its arrival. The candidate
+(common/schedule.py) with each request joining at its arrival. The candidate
 whose rollout has the smaller total of end times (the requests already on those
 workers, the new one and the expected ones: the sum a mean latency divides)
 wins; ties keep finish_time's order. Otherwise, and for the first request of a
