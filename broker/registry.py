@@ -10,6 +10,7 @@ therefore do not all see the same stale state.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,12 @@ from tandem.common.steptime import StepModel
 from tandem.common.tokenizer import TokenizerSpec
 
 NOTED_PERIODS = 2  # a finished prompt counts as cached this many heartbeats unreported
+# A provisional Ready (a stored profile, a quick start-up measurement) is borne out once
+# the live model holds this many served decode steps; until then status, top and
+# /metrics say "provisional". A provisional rate this far off the live one is not used.
+TRUSTED_STEPS = 32
+FAR_FROM_LIVE = 3.0
+MAX_CLAIMS = 64  # pending claims on held worker ids remembered (the oldest go first)
 
 
 @dataclass
@@ -149,8 +156,21 @@ class WorkerState:
         if live not in self._rates:
             info = self.info
             model = self.steps if live else None
-            self._rates[live] = price(info.prefill_tok_s, info.decode_tok_s, info.max_active, model)
+            prior = info.decode_tok_s
+            if info.provisional and model is not None:
+                prior = checked_prior(prior, model)
+            self._rates[live] = price(info.prefill_tok_s, prior, info.max_active, model)
         return self._rates[live]
+
+    @property
+    def live_steps(self) -> int:
+        """Decode steps its live step model has seen."""
+        return sum(self.steps.decode_samples) if self.steps is not None else 0
+
+    @property
+    def provisional(self) -> bool:
+        """Priced on a word its served steps have not yet borne out (``TRUSTED_STEPS``)."""
+        return self.info.provisional and self.live_steps < TRUSTED_STEPS
 
     def view(
         self, tokens: list[int], live: bool = True, hashes: dict[int, list[int]] | None = None
@@ -237,12 +257,65 @@ class WorkerState:
             "live_decode_samples": list(rates.live_decode_samples),
             "live_context_tokens": round(rates.context, 1),
             "live_context_s": float(f"{rates.context_s:.3g}"),
+            "provisional": self.provisional,
+            "live_steps": self.live_steps,
             "priced_prefill_tok_s": round(rates.prefill_tok_s, 2),
             "priced_decode_tok_s": [round(x, 2) for x in rates.decode_tok_s],
             "profile_repaired": list(rates.repaired),
             "last_seen_s": round(time.monotonic() - self.last_seen, 3),
             "requests": [dataclasses.asdict(r) for r in hb.active + hb.queued] if hb else [],
         }
+
+
+def checked_prior(prior: Sequence[float], model: StepModel) -> list[float]:
+    """A provisional ``prior`` checked against the live steps: when a rate at a batch
+    size with live samples is more than FAR_FROM_LIVE off them (a start-up measurement
+    taken in a stall), the prior keeps only its shape, its level taken from the live
+    rates (their factor at each sampled size, interpolated in log space between them,
+    the nearest one's past either end); ``price`` then blends as usual."""
+    out = [float(x) for x in prior]
+    logf = {
+        b: math.log(rate / out[b - 1])
+        for b, (rate, _) in model.decode_tok_s().items()
+        if b <= len(out)
+    }
+    if all(abs(f) <= math.log(FAR_FROM_LIVE) for f in logf.values()):
+        return out
+    for b in range(1, len(out) + 1):
+        lo = max((s for s in logf if s <= b), default=None)
+        hi = min((s for s in logf if s >= b), default=None)
+        if lo is None or hi is None or lo == hi:
+            f = logf[hi if lo is None else lo]  # type: ignore[index]
+        else:
+            f = logf[lo] + (logf[hi] - logf[lo]) * (b - lo) / (hi - lo)
+        out[b - 1] *= math.exp(f)
+    return out
+
+
+@dataclass
+class Claims:
+    """Readies claiming a worker id that another connection holds: when each claimant
+    (socket identity) first claimed it. A holder heard from after a claim began is
+    alive, so the claimant is a duplicate and is refused, by name; a holder not heard
+    from since may be a dead process whose disconnect is not yet noticed, so the
+    claimant is left to retry its Ready until the id is free (a restart gets in)."""
+
+    first: dict[bytes, float] = field(default_factory=dict)
+
+    def refusal(self, claimant: bytes, holder: WorkerState, now: float) -> p.Problem | None:
+        since = self.first.setdefault(claimant, now)
+        while len(self.first) > MAX_CLAIMS:
+            del self.first[next(iter(self.first))]
+        if holder.last_seen <= since:
+            return None
+        del self.first[claimant]
+        info = holder.info
+        return p.Problem.bad_request(
+            f"worker id {info.worker_id!r} is taken by a live worker ({info.backend} on "
+            f"{info.device}, model {info.model}, instance {info.instance[:8] or '?'}, heard "
+            f"{now - holder.last_seen:.1f} s ago): stop that one, or start this one with "
+            "another --worker-id"
+        )
 
 
 def _rounded(x: float | None) -> float | None:

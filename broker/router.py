@@ -31,7 +31,7 @@ from tandem.broker.ledger import PromptBlocks, ViewCache
 from tandem.broker.liveness import Liveness, disconnect_monitor
 from tandem.broker.metrics import RouterMetrics
 from tandem.broker.policies import Decision, Forced, NoCandidate, RouteRequest, parse_policy
-from tandem.broker.registry import Routed, WorkerState, ready_problem
+from tandem.broker.registry import Claims, Routed, WorkerState, ready_problem
 from tandem.broker.relay import Pending, TokenOutbox
 from tandem.broker.requests import ClientRequest, PendingQueue, prompt_tokens, validate_submit
 from tandem.broker.spin import AdaptiveSpin
@@ -92,6 +92,7 @@ class Router:
         self._spec_asked_at = -SPEC_ASK_EVERY_S
         self._by_client: dict[tuple[bytes, str], str] = {}
         self._by_identity: dict[bytes, str] = {}  # worker socket identity -> worker id
+        self._claims = Claims()  # Readies for a worker id another connection holds
         self._hb_frames: dict[bytes, bytes] = {}  # identity -> its last heartbeat's bytes
         # Accepteds held until their request's first output or their time (oldest first).
         self._accepts: dict[str, tuple[ClientRequest, p.Accepted, float]] = {}
@@ -617,6 +618,12 @@ class Router:
             silent_s = self.liveness.silent_for(old.last_seen, time.monotonic())
             live = silent_s <= old.liveness_s(self.cfg.liveness_s)
             taken = takeover_problem(old.identity, identity, ready.worker_id, live)
+            refused = taken and self._claims.refusal(identity, old, time.monotonic())
+            if refused:  # the holder spoke since this claim began: a duplicate, told so
+                log.error("refusing worker %s from %r: %s", ready.worker_id, identity,
+                          refused.message)  # fmt: skip
+                self.worker_sock.send(identity, p.Error(refused.code, refused.message))
+                return
             if taken:  # no reply: a restarted worker retries its Ready until the id is free
                 log.warning("ignoring Ready from %r: %s", identity, taken.message)
                 return
@@ -624,6 +631,7 @@ class Router:
             self._drop_worker(old, "re-registered")
         cap = self.cfg.admission.inflight_cap(ready.max_active)
         self.workers[ready.worker_id] = WorkerState(identity, ready, inflight_cap=cap)
+        self._claims.first.pop(identity, None)
         self._by_identity[identity] = ready.worker_id
         log.info(
             "worker %s joined: %s on %s, max_active %d",

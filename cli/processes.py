@@ -172,8 +172,16 @@ def router(
     type=click.Choice(WARMUP),
     default=config_default(W, "warmup"),
     show_default=True,
-    help="Measure every batch shape before registering and advertise the measurement "
-    "(auto: every device but a simulated one; a GPU also compiles its kernels then).",
+    help="What to measure before registering: on = every batch shape (a GPU also compiles "
+    "its kernels then), quick = a few steps in seconds, off = nothing; auto = on for a GPU, "
+    "nothing for a simulated device or one the rate flags or a stored profile price, else "
+    "quick. Rates not yet borne out by served steps are marked provisional.",
+)
+@click.option(
+    "--progress-json",
+    is_flag=True,
+    help="Print one JSON object per line to stdout as the worker starts: loading, "
+    "measuring (done/total), registered (provisional), error.",
 )
 @sim_profile
 @cpus_option
@@ -195,6 +203,7 @@ def worker(
     prefill_tok_s: float | None,
     decode_tok_s: str | None,
     warmup: str,
+    progress_json: bool,
     profile_file: str | None,
     cpus: tuple[int, ...] | None,
     keys: str | None,
@@ -225,6 +234,7 @@ def worker(
             decode_tok_s=decode,
             profile=profile_file,
             warmup=warmup,
+            progress_json=progress_json,
             cpus=cpus,
             keys=keys,
         )

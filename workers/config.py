@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from tandem.workers.backends import BACKENDS
 
-WARMUP = ("auto", "on", "off")
+WARMUP = ("auto", "quick", "on", "off")
 DEFAULT_PREFILL_TOK_S, DEFAULT_DECODE_TOK_S = 200.0, 50.0  # no profile, no flags: a guess
 
 
@@ -53,7 +53,8 @@ class WorkerConfig:
     decode_tok_s: tuple[float, ...] | None = None
     profile: str | None = None  # sim backend: its device profile file
     cpus: tuple[int, ...] | None = None  # cores this worker (and its threads) may use
-    warmup: str = "auto"  # on | off | auto (all but sim devices): workers.profiler.warm_up
+    warmup: str = "auto"  # auto | quick | on | off: see ``measurement``
+    progress_json: bool = False  # JSON progress lines on stdout (workers/startup.py)
     keys: str | None = None  # CURVE keys folder (common/auth.py); None: TANDEM_KEYS or none
 
     def __post_init__(self) -> None:
@@ -68,12 +69,22 @@ class WorkerConfig:
         if self.warmup not in WARMUP:
             raise ValueError(f"warmup must be one of {WARMUP}, not {self.warmup!r}")
 
-    def wants_warmup(self, device: str) -> bool:
-        """auto: every real device measures itself at start (a GPU also compiles its
-        kernels then); a simulated device is its profile, nothing to measure."""
+    def measurement(self, device: str, told: bool) -> str:
+        """What the worker measures before it registers: "full" (every batch shape,
+        ``workers.profiler.warm_up``), "quick" (a few steps, seconds) or "none".
+
+        auto: a GPU measures in full (its first shapes compile kernels, which serving
+        must not pay); a simulated device nothing (its profile is its definition);
+        any other device nothing when ``told`` (the rate flags or a stored profile
+        price it: it registers at once and its live steps correct that), else quick.
+        """
         if self.warmup != "auto":
-            return self.warmup == "on"
-        return not device.startswith("sim")
+            return {"on": "full", "quick": "quick", "off": "none"}[self.warmup]
+        if device.startswith("sim"):
+            return "none"
+        if device.startswith("gpu"):
+            return "full"
+        return "none" if told else "quick"
 
     def resolved_id(self, device: str) -> str:
         return self.worker_id or f"{device}-{socket.gethostname()}-{os.getpid()}"

@@ -97,9 +97,11 @@ class WorkerLink:
             log.debug("dropped %s after the I/O thread stopped", msg.TYPE)
 
     def run(self, stop: threading.Event) -> None:
-        dealer = DealerSocket(
-            self.router_addr, self.ready.worker_id.encode(), WORKER_FRAME_BYTES, self.setup
-        )
+        # The identity names this process, not only the worker id: a ROUTER drops a
+        # second connection under an identity in use without a word, so a duplicate id
+        # could never be told it is one (the router refuses it by id, broker/registry.py).
+        identity = self.ready.worker_id.encode()[:200] + b"/" + self.ready.instance.encode()[:16]
+        dealer = DealerSocket(self.router_addr, identity, WORKER_FRAME_BYTES, self.setup)
         poller = zmq.Poller()
         poller.register(dealer.sock, zmq.POLLIN)
         poller.register(self._pull, zmq.POLLIN)

@@ -11,12 +11,13 @@ import uuid
 
 from tandem.common import protocol as p
 from tandem.common.affinity import pin
+from tandem.common.model_files import DEFAULT_MODEL_FILE
 from tandem.common.settings import env_str
 from tandem.workers.backends import build_backend
 from tandem.workers.config import WorkerConfig
 from tandem.workers.engine import Backend, Engine
 from tandem.workers.io import WorkerLink, start_link
-from tandem.workers.rates import rates
+from tandem.workers.startup import Progress, start_prices
 
 log = logging.getLogger(__name__)
 
@@ -26,49 +27,41 @@ EXIT_GRACE_S = 1.5  # SIGTERM/SIGINT to exit: the clean path, else a hard exit
 def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
     """Serve until SIGINT/SIGTERM (or ``stop``); returns a process exit code."""
     stop = stop or threading.Event()
-    pin(cfg.cpus)  # before the backend starts its threads: they inherit it
-    backend = build_backend(cfg)
-    worker_id = cfg.resolved_id(backend.device)
-    warm = None
-    if cfg.wants_warmup(backend.device):
-        from tandem.workers.profiler import warm_up
-
-        gpu = backend.device.startswith("gpu")
-        slow = " (the first run on a machine compiles kernels: minutes)" if gpu else ""
-        log.info("warming %s up and measuring it%s", backend.device, slow)
-        warm = warm_up(backend, cfg.engine.max_active, cfg.engine.step_tokens, compile_pass=gpu)
-        log.info("warmed %s up in %.2f s", backend.device, warm.seconds)
-    prefill, decode = rates(cfg, backend, warm)
-    ready = ready_message(cfg, backend, worker_id, prefill, decode)
+    progress = Progress(cfg.progress_json)
+    progress("loading", worker_id=cfg.worker_id, model=cfg.model or DEFAULT_MODEL_FILE)
+    try:
+        pin(cfg.cpus)  # before the backend starts its threads: they inherit it
+        backend = build_backend(cfg)
+        worker_id = cfg.resolved_id(backend.device)
+        prices = start_prices(cfg, backend, worker_id, progress)
+    except Exception as exc:  # the CLI prints it; a supervisor reads the event
+        progress("error", worker_id=cfg.worker_id, message=str(exc))
+        raise
+    ready = ready_message(
+        cfg, backend, worker_id, prices.prefill_tok_s, prices.decode_tok_s, prices.provisional
+    )
     inbox: queue.Queue[p.Message] = queue.Queue()
     from tandem.common.auth import peer_setup
 
     link = WorkerLink(cfg.router, ready, inbox, setup=peer_setup(cfg.keys, "worker"))
     engine = Engine(backend, cfg.engine, link.emit, worker_id, inbox)
-    if warm is not None:  # the router's live model starts from the measurement
-        engine.timer.adopt(warm.stats)
-    trace_dir = env_str("STEP_TRACE_DIR", "")
-    if trace_dir:  # every step this worker serves, to a CSV of its own (workers/steptimer.py)
-        path = os.path.join(trace_dir, f"{worker_id}-{os.getpid()}.csv")
-        try:
-            os.makedirs(trace_dir, exist_ok=True)
-            engine.timer.trace_to(path)
-            log.info("tracing steps to %s", path)
-        except OSError as exc:  # a diagnostic: the worker serves without it
-            log.warning("cannot trace steps to %s: %s", path, exc)
+    if prices.adopt is not None:  # the router's live model starts from a full warm-up
+        engine.timer.adopt(prices.adopt.stats)
+    _trace_steps(engine, worker_id)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: _stop_within(stop, EXIT_GRACE_S))
     io_thread = start_link(link, stop)
     log.info(
-        "worker %s (%s on %s, model %s) -> %s",
+        "worker %s (%s on %s, model %s) -> %s%s",
         worker_id,
         backend.name,
         backend.device,
         backend.model_name,
         cfg.router,
+        " (provisional prices)" if prices.provisional else "",
     )
-    watchdog = threading.Thread(target=_watch_fatal, args=(link, stop), daemon=True)
+    watchdog = threading.Thread(target=_watch, args=(link, stop, progress), daemon=True)
     watchdog.start()
     try:
         engine.run(stop)
@@ -78,12 +71,32 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
         engine.timer.close_trace()
     if link.fatal:
         log.error("router refused this worker: %s", link.fatal)
+        progress("error", worker_id=worker_id, message=f"router refused this worker: {link.fatal}")
         return 2
     return 0
 
 
+def _trace_steps(engine: Engine, worker_id: str) -> None:
+    """Every step this worker serves, to a CSV of its own (workers/steptimer.py)."""
+    trace_dir = env_str("STEP_TRACE_DIR", "")
+    if not trace_dir:
+        return
+    path = os.path.join(trace_dir, f"{worker_id}-{os.getpid()}.csv")
+    try:
+        os.makedirs(trace_dir, exist_ok=True)
+        engine.timer.trace_to(path)
+        log.info("tracing steps to %s", path)
+    except OSError as exc:  # a diagnostic: the worker serves without it
+        log.warning("cannot trace steps to %s: %s", path, exc)
+
+
 def ready_message(
-    cfg: WorkerConfig, backend: Backend, worker_id: str, prefill: float, decode: list[float]
+    cfg: WorkerConfig,
+    backend: Backend,
+    worker_id: str,
+    prefill: float,
+    decode: list[float],
+    provisional: bool = False,
 ) -> p.Ready:
     """The Ready this worker registers with: what it is, its limits, its rates."""
     spec = backend.tokenizer_spec.to_wire()
@@ -104,6 +117,7 @@ def ready_message(
         tokenizer_hash=p.tokenizer_hash(spec),
         step_tokens=cfg.engine.step_tokens,
         weights=backend.weights_digest,
+        provisional=provisional,
     )
 
 
@@ -129,7 +143,14 @@ def _stop_within(stop: threading.Event, grace_s: float) -> None:
     timer.start()
 
 
-def _watch_fatal(link: WorkerLink, stop: threading.Event) -> None:
-    while not stop.wait(0.2):
+def _watch(link: WorkerLink, stop: threading.Event, progress: Progress) -> None:
+    """Stop on a fatal refusal; say "registered" each time the router welcomes us."""
+    registered = False
+    while not stop.wait(0.05):
         if link.fatal:
             stop.set()
+        elif link.registered.is_set() != registered:
+            registered = not registered
+            if registered:
+                progress("registered", worker_id=link.ready.worker_id,
+                         provisional=link.ready.provisional)  # fmt: skip

@@ -182,6 +182,9 @@ def warm_up(
     measure_steps: int = WARMUP_STEPS,
     compile_pass: bool = True,
     clock: Callable[[], float] = time.monotonic,
+    budget_s: float | None = None,
+    prefill_probe: bool = True,
+    progress: Callable[[int, int], None] | None = None,
 ) -> WarmUp:
     """Run the shapes serving meets first and measure them, before the worker registers.
 
@@ -197,6 +200,11 @@ def warm_up(
     result into the rates it advertises and hands the statistics to its serving
     engine, so the router's live model starts with them instead of a profile's
     word or a guess.
+
+    A quick measurement (``workers.startup``) bounds it: ``budget_s`` (the measuring
+    pass starts no batch size past it), no ``prefill_probe`` (the decode context's
+    own prefill chunks give the prefill rate), a short ``context``. ``progress(done,
+    total)`` is called after each stage (the prefill, each batch size).
     """
     t0 = clock()
     context = max(2, min(context, backend.n_ctx // max(1, max_active) - measure_steps - 64))
@@ -205,18 +213,26 @@ def warm_up(
     # so the context costs one prefill, not one per request: a CPU measures in seconds.
     cache = (context + 1) * max_active + step_tokens
     engine = None
-    for _ in range(2 if compile_pass else 1):
+    passes = 2 if compile_pass else 1
+    total, done = passes * (len(sizes) + prefill_probe), 0
+    for n in range(passes):
         rng = random.Random(0)
         engine, _ = _engine(backend, max_active, step_tokens, clock, cache_tokens=cache)
-        prompt = _prompt(rng, min(step_tokens + 17, backend.n_ctx - 1), backend.vocab_size)
-        params = SamplingParams(max_tokens=1, prefill_only=True)
-        engine.submit(Request("warm-prefill", prompt, params))
-        _drain(engine)
+        started = clock()
+        if prefill_probe:
+            prompt = _prompt(rng, min(step_tokens + 17, backend.n_ctx - 1), backend.vocab_size)
+            params = SamplingParams(max_tokens=1, prefill_only=True)
+            engine.submit(Request("warm-prefill", prompt, params))
+            _drain(engine)
+            done += 1
+            _report(progress, done, total)
         # Rows ``ragged`` tokens apart, the longest prompt ``context`` tokens: the
         # spread narrows when many rows share a short context (it must fit n_ctx).
         ragged = min(RAGGED_TOKENS, (context - 2) // max(1, max_active - 1))
         prefix = _prompt(rng, context - 1 - ragged * (max_active - 1), backend.vocab_size)
         for b in sizes:
+            if budget_s is not None and n == passes - 1 and clock() - started > budget_s:
+                break  # what is left is priced from its neighbours (workers/rates.py)
             # Decoding starts as each prompt ends: the first keeps decoding while the
             # others finish theirs, so outputs last long enough for all b to decode together.
             params = SamplingParams(max_tokens=measure_steps + SKIP_STEPS + b + 1, ignore_eos=True)
@@ -224,11 +240,18 @@ def warm_up(
                 tail = _prompt(rng, 1 + ragged * i, backend.vocab_size)
                 engine.submit(Request(f"warm-{b}-{i}", [*prefix, *tail], params))
             _drain(engine)
+            done += 1
+            _report(progress, done, total)
         for handle in engine.cache.clear():  # the backend keeps nothing of the warm-up
             backend.free(handle)
     assert engine is not None
     engine.timer.stop()
     return WarmUp(clock() - t0, engine.timer.stats, context)
+
+
+def _report(progress: Callable[[int, int], None] | None, done: int, total: int) -> None:
+    if progress is not None:
+        progress(done, total)
 
 
 def kv_cells_needed(

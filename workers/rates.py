@@ -9,12 +9,15 @@ it, is named in the log where the operator looks.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from tandem.common.pricing import padded, price
+from tandem.common.steptime import StepModel
 from tandem.workers.config import DEFAULT_DECODE_TOK_S, DEFAULT_PREFILL_TOK_S, WorkerConfig
 from tandem.workers.engine import Backend
 from tandem.workers.profiler import WarmUp
+from tandem.workers.sanity import judge
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +75,8 @@ def measured_rates(
     (``common.pricing.price``). A source that disagrees with the measurement by more
     than DISAGREE is named in the log."""
     decode = padded(decode, max_active)
-    model = warm.stats.model()
-    if not model.decode_batch and not model.prefill_chunk:
+    model = judged(warm.stats.model())
+    if model is None or (not model.decode_batch and not model.prefill_chunk):
         return prefill, decode
     guess = source is None
     priced = price(prefill, decode, max_active, model, GUESS_WEIGHT if guess else TOLD_WEIGHT)
@@ -94,6 +97,26 @@ def measured_rates(
         priced.prefill_tok_s, [round(x) for x in out], source or "a guess",
     )  # fmt: skip
     return priced.prefill_tok_s, out
+
+
+def judged(model: StepModel) -> StepModel | None:
+    """``model`` with its decode points judged (``workers.sanity``): repaired, or None
+    when the measurement contradicts itself (then it is not used at all)."""
+    if not model.decode_batch:
+        return model
+    rates = model.decode_tok_s()
+    verdict = judge({b: r for b, (r, _) in rates.items()})
+    if verdict.notes:
+        log.warning("start-up measurement: %s", "; ".join(verdict.notes))
+    if verdict.points is None:
+        return None
+    kept = sorted(verdict.points)
+    return dataclasses.replace(
+        model,
+        decode_batch=tuple(kept),
+        decode_step_s=tuple(b / verdict.points[b] for b in kept),
+        decode_samples=tuple(rates[b][1] for b in kept),
+    )
 
 
 def _warn_if_suspicious(decode: list[float], source: str) -> None:

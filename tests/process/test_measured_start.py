@@ -1,7 +1,9 @@
-"""A worker with no profile and no rate flags measures itself before it registers.
+"""A worker asked to measure itself in full (``--warmup on``; a GPU's default)
+measures every batch shape before it registers.
 
 Real llama.cpp worker, real router: what the router is told in Ready and what its
-live model holds before any request has run both come from the warm-up.
+live model holds before any request has run both come from the warm-up. (Without
+a profile a CPU worker measures quickly instead: tests/process/test_worker_start.py.)
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ def test_an_unprofiled_worker_advertises_its_measurement_and_the_router_has_its_
     tmp_path, monkeypatch
 ) -> None:
     monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))  # no stored profile anywhere
-    args = [a for a in LLAMA_ARGS if a not in ("--warmup", "off")]
-    assert "--decode-tok-s" not in args and "--warmup" not in args  # auto: measure
+    args = [a for a in LLAMA_ARGS if a not in ("--warmup", "off")] + ["--warmup", "on"]
+    assert "--decode-tok-s" not in args
     with Cluster(workers=[WorkerSpec("cpu0", args)]) as cl:
         status = subprocess.run(
             [sys.executable, "-m", "tandem", "status", "--router", cl.client_addr, "--json"],

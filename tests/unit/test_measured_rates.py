@@ -15,7 +15,7 @@ import pytest
 from tandem.common import protocol as p
 from tandem.twin.device import Tail, TwinDevice
 from tandem.workers.backends.sim import SimProfile
-from tandem.workers.config import EngineConfig, WorkerConfig
+from tandem.workers.config import EngineConfig
 from tandem.workers.engine import Engine
 from tandem.workers.profiler import warm_up
 from tandem.workers.rates import measured_rates
@@ -91,17 +91,6 @@ def test_the_serving_engine_reports_the_warm_up_in_its_first_heartbeat(gpu) -> N
     engine.maybe_heartbeat()
     beat = next(m for m in out if isinstance(m, p.Heartbeat))
     assert beat.steps is not None and 16 in beat.steps["b"]
-
-
-def test_warm_up_is_automatic_on_every_real_device() -> None:
-    auto = WorkerConfig(router="tcp://127.0.0.1:1")
-    assert auto.wants_warmup("gpu-cuda") and auto.wants_warmup("gpu-metal")
-    assert auto.wants_warmup("cpu")  # a stored profile is verified, not believed
-    assert not auto.wants_warmup("sim-h200-gpu")  # a sim device is its profile
-    assert WorkerConfig(router="tcp://127.0.0.1:1", warmup="on").wants_warmup("sim-cpu-m2")
-    assert not WorkerConfig(router="tcp://127.0.0.1:1", warmup="off").wants_warmup("gpu-metal")
-    with pytest.raises(ValueError, match="warmup"):
-        WorkerConfig(router="tcp://127.0.0.1:1", warmup="sometimes")
 
 
 def test_a_skewed_device_is_measured_at_what_a_run_of_its_steps_takes() -> None:

@@ -1,0 +1,184 @@
+"""Start fast, then learn: the quick start-up measurement, its judgement, the
+provisional mark, and the router's refusal of a duplicate worker id.
+
+No model: the device is the twin's (virtual clock, exact), step statistics are
+recorded by hand, and router state is built from its dataclasses.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+
+from tandem.broker.registry import TRUSTED_STEPS, Claims, WorkerState, checked_prior
+from tandem.common import protocol as p
+from tandem.common.steptime import StepModel, StepStats
+from tandem.twin.device import TwinDevice
+from tandem.workers.backends.sim import SimProfile
+from tandem.workers.config import DEFAULT_DECODE_TOK_S, WorkerConfig
+from tandem.workers.profiler import WarmUp, warm_up
+from tandem.workers.rates import measured_rates
+from tandem.workers.sanity import FAR, judge
+from tandem.workers.startup import Progress
+
+# Decode tok/s at batch 1-4 that three starts of a worker measured on a busy 2-core
+# machine, while it then served 16-102 tok/s.
+BUSY = ([0, 1, 3, 8], [2, 14, 18, 22], [1, 77, 95, 117])
+
+
+def consistent(rates: dict[int, float]) -> bool:
+    """Physics: more rows never lower the aggregate nor shorten a step."""
+    sizes = sorted(rates)
+    for i, a in enumerate(sizes):
+        for b in sizes[i + 1 :]:
+            if not rates[a] * (1 - 1e-9) <= rates[b] <= rates[a] * b / a * (1 + 1e-9):
+                return False
+    return True
+
+
+@pytest.mark.parametrize("vector", BUSY[1:])
+def test_one_stalled_batch_size_is_discarded_and_the_rest_kept(vector) -> None:
+    verdict = judge(dict(enumerate(vector, 1)))
+    assert verdict.points == {b: float(r) for b, r in enumerate(vector, 1) if b > 1}
+    assert "batch 1" in verdict.notes[0] and "discarded" in verdict.notes[0]
+    assert consistent(verdict.points)
+
+
+def test_a_measurement_that_contradicts_itself_twice_is_rejected_whole() -> None:
+    verdict = judge(dict(enumerate(BUSY[0], 1)))
+    assert verdict.rejected
+    assert "batch 1: 0 tok/s is no rate" in verdict.notes[0]
+    assert "batch 2" in verdict.notes[1] and "contradicts itself" in verdict.notes[-1]
+
+
+def test_a_point_below_its_neighbours_within_reason_is_kept() -> None:
+    """Within 3x of what the others imply is left to the monotone fit: a GPU's step
+    can be shorter at more rows (the H200 profile: 8 rows 17.7 ms, 16 rows 14.5 ms)."""
+    assert judge({1: 50, 2: 20, 4: 120}).points == {1: 50, 2: 20, 4: 120}
+    assert judge({1: 102, 8: 451, 16: 1102}).notes == []
+
+
+def stats_of(rates: dict[int, float], steps: int = 6) -> WarmUp:
+    """A start-up measurement that saw ``rates`` (aggregate tok/s by batch size)."""
+    stats = StepStats()
+    for b, rate in rates.items():
+        for _ in range(steps):
+            stats.record(b, 256 * b, 0, b / rate)
+    return WarmUp(1.0, stats, 256)
+
+
+@pytest.mark.parametrize("vector", BUSY[1:])
+def test_a_worker_advertises_busy_measurements_repaired(vector, caplog) -> None:
+    warm = stats_of({b: r for b, r in enumerate(vector, 1)})
+    with caplog.at_level(logging.WARNING, logger="tandem.workers.rates"):
+        _, decode = measured_rates(200.0, [DEFAULT_DECODE_TOK_S], warm, None, 4)
+    assert consistent(dict(enumerate(decode, 1)))
+    assert decode[0] >= vector[1] / 2  # batch 1 at least half of batch 2: physics, not 1 tok/s
+    assert decode[1:] == pytest.approx(vector[1:], rel=0.05)
+    assert "discarded" in caplog.text
+
+
+def test_a_worker_falls_back_when_its_measurement_contradicts_itself(caplog) -> None:
+    warm = stats_of({1: 0.4, 2: 1, 3: 3, 4: 8})  # BUSY[0], its 0 as the 0.4 it rounded
+    with caplog.at_level(logging.WARNING, logger="tandem.workers.rates"):
+        prefill, decode = measured_rates(200.0, [DEFAULT_DECODE_TOK_S], warm, None, 4)
+    assert (prefill, decode) == (200.0, [DEFAULT_DECODE_TOK_S] * 4)
+    assert "contradicts itself: not used" in caplog.text
+
+
+def test_a_quick_measurement_stops_at_its_budget_and_reports_each_stage() -> None:
+    class Clock:
+        now = 0.0
+
+    owner = Clock()
+    device = TwinDevice(SimProfile.load("h200-gpu"), owner)
+    stages: list[tuple[int, int]] = []
+    warm = warm_up(device, 16, 256, context=256, measure_steps=4, compile_pass=False,
+                   budget_s=0.0, prefill_probe=False, progress=lambda *x: stages.append(x),
+                   clock=lambda: owner.now)  # fmt: skip
+    assert stages == [(1, 5)]  # sizes 1, 2, 4, 8, 16: the budget ended it after the first
+    assert warm.stats.model().decode_batch == (1,)
+    assert warm.stats.model().prefill_chunk  # the context's own prefill gave the rate
+    _, decode = measured_rates(200.0, [DEFAULT_DECODE_TOK_S], warm, None, 16)
+    assert len(decode) == 16 and decode == sorted(decode)
+
+
+def test_what_a_worker_measures_before_it_registers() -> None:
+    auto = WorkerConfig(router="tcp://127.0.0.1:1")
+    assert auto.measurement("gpu-cuda", told=True) == "full"  # kernels compile on first shapes
+    assert auto.measurement("cpu", told=False) == "quick"
+    assert auto.measurement("cpu", told=True) == "none"  # a profile prices it: at once
+    assert auto.measurement("sim-h200-gpu", told=False) == "none"  # a sim device is its profile
+    for mode, want in (("on", "full"), ("quick", "quick"), ("off", "none")):
+        cfg = WorkerConfig(router="tcp://127.0.0.1:1", warmup=mode)
+        assert cfg.measurement("cpu", told=True) == want
+    with pytest.raises(ValueError, match="warmup"):
+        WorkerConfig(router="tcp://127.0.0.1:1", warmup="sometimes")
+
+
+def test_progress_lines_are_one_json_object_each_and_a_closed_reader_is_survived() -> None:
+    out = io.StringIO()
+    progress = Progress(True, out)
+    progress("measuring", worker_id="cpu0", done=1, total=3)
+    progress("registered", worker_id="cpu0", provisional=True)
+    lines = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert lines == [{"event": "measuring", "worker_id": "cpu0", "done": 1, "total": 3},
+                     {"event": "registered", "worker_id": "cpu0", "provisional": True}]  # fmt: skip
+    out.close()
+    progress("error", message="gone")  # no exception: the worker keeps serving
+    assert not progress.enabled
+    quiet = io.StringIO()
+    Progress(False, quiet)("loading", worker_id="cpu0", model="m")
+    assert quiet.getvalue() == ""
+
+
+def ready(provisional: bool, decode: list[float]) -> p.Ready:
+    return p.Ready(worker_id="cpu0", backend="llama.cpp", device="cpu", model="m", max_active=4,
+                   n_ctx=4096, block_size=16, prefill_tok_s=200.0, decode_tok_s=decode,
+                   heartbeat_s=0.5, tokenizer={}, instance="0123456789abcdef",
+                   provisional=provisional)  # fmt: skip
+
+
+def live(rates: dict[int, float], samples: int) -> StepModel:
+    sizes = sorted(rates)
+    return StepModel(tuple(sizes), tuple(b / rates[b] for b in sizes), (samples,) * len(sizes))
+
+
+def test_a_provisional_rate_far_off_the_live_steps_does_not_survive_them() -> None:
+    stalled = [2.0, 4.0, 6.0, 8.0]  # self-consistent, and 10x below what it serves
+    w = WorkerState(b"x", ready(True, stalled))
+    w.update_steps(live({1: 60.0, 2: 100.0}, 10).to_wire())
+    priced = w.rates().decode_tok_s
+    assert priced[0] == pytest.approx(60.0) and priced[1] == pytest.approx(100.0)
+    assert all(x >= 100.0 / FAR for x in priced[2:])
+    assert checked_prior(stalled, live({1: 60.0}, 3)) == pytest.approx([60, 120, 180, 240])
+    assert checked_prior([30.0, 40.0], live({1: 60.0}, 3)) == [30.0, 40.0]  # within 3x: kept
+    told = WorkerState(b"y", ready(False, stalled))  # the operator's flags: blended, not dropped
+    told.update_steps(live({1: 60.0, 2: 100.0}, 10).to_wire())
+    assert told.rates().decode_tok_s[0] < 60.0
+
+
+def test_the_provisional_mark_holds_until_enough_served_steps() -> None:
+    w = WorkerState(b"x", ready(True, [50.0] * 4))
+    assert w.provisional and w.describe()["provisional"]
+    w.update_steps(live({1: 60.0, 2: 100.0}, TRUSTED_STEPS // 2 - 1).to_wire())
+    assert w.provisional and w.live_steps == TRUSTED_STEPS - 2
+    w.update_steps(live({1: 60.0, 2: 100.0}, TRUSTED_STEPS // 2).to_wire())
+    assert not w.provisional and not w.describe()["provisional"]
+    assert not WorkerState(b"y", ready(False, [50.0] * 4)).provisional
+
+
+def test_a_claim_on_a_held_id_is_refused_once_the_holder_speaks_after_it() -> None:
+    holder = WorkerState(b"cpu0/aaaa", ready(False, [50.0] * 4), last_seen=10.0)
+    claims = Claims()
+    assert claims.refusal(b"cpu0/bbbb", holder, now=11.0) is None  # holder quiet: maybe dead
+    assert claims.refusal(b"cpu0/bbbb", holder, now=12.0) is None  # still quiet: retry
+    holder.last_seen = 12.5  # it heartbeats: alive, so the claimant is a duplicate
+    problem = claims.refusal(b"cpu0/bbbb", holder, now=13.0)
+    assert problem is not None and problem.code == p.BAD_REQUEST
+    assert "'cpu0' is taken by a live worker (llama.cpp on cpu" in problem.message
+    assert "instance 01234567" in problem.message and "--worker-id" in problem.message
+    assert not claims.first  # answered: forgotten

@@ -1,0 +1,103 @@
+"""What a worker does before it registers: price itself within seconds, and say so.
+
+A worker used to measure every batch shape at a 512-token context before it
+registered: ~10 s on an idle 2-core machine, 120 s on a busy one, with nothing
+shown, and a busy machine's numbers were nonsense anyway. Now it registers with
+the prices it has, marked provisional (``Ready.provisional``), and the router's
+live step model, fed by the steps it serves, takes over:
+
+- the rate flags: the operator's word (not provisional);
+- a stored profile (``tandem profile``): registers at once;
+- neither: a quick measurement, ``QUICK_STEPS`` decode steps at each batch size
+  of the ladder after a ``QUICK_CONTEXT``-token prompt, the decode context's own
+  prefill giving the prefill rate, no batch size started past ``QUICK_BUDGET_S``.
+  It is judged before it is advertised (``workers.sanity``), and its steps are
+  not handed to the serving engine: the live model holds served steps only, so
+  the router can tell the two apart and check one against the other.
+
+A GPU still measures in full (``warm_up``): its first shapes compile kernels,
+which the first requests it serves must not pay.
+
+``Progress`` writes ``tandem worker --progress-json``'s lines: one JSON object per
+line on stdout (``loading``, ``measuring``, ``registered``, ``error``), which
+``tandem serve`` turns into its progress bars (launcher/screen.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from tandem.workers.config import WorkerConfig
+from tandem.workers.engine import Backend
+from tandem.workers.profiler import WarmUp, warm_up
+from tandem.workers.rates import rates, told_rates
+
+log = logging.getLogger(__name__)
+
+QUICK_CONTEXT = 256  # tokens each row decodes after: one prefill chunk of the default budget
+QUICK_STEPS = 4  # decode steps timed per batch size: their median outvotes one stall
+QUICK_BUDGET_S = 3.0  # no batch size is started past this (what is left is priced around it)
+
+
+class Progress:
+    """``tandem worker --progress-json``: one JSON object per line on ``out``."""
+
+    def __init__(self, enabled: bool, out: TextIO | None = None) -> None:
+        self.enabled = enabled
+        self.out = out or sys.stdout
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        if not self.enabled:
+            return
+        try:
+            self.out.write(json.dumps({"event": event, **fields}) + "\n")
+            self.out.flush()
+        except (OSError, ValueError):  # a reader that went away costs the worker nothing
+            self.enabled = False
+
+
+@dataclass(frozen=True)
+class StartPrices:
+    """The rates a worker registers with, and where they came from."""
+
+    prefill_tok_s: float
+    decode_tok_s: list[float]
+    provisional: bool  # not yet borne out by steps served here
+    adopt: WarmUp | None  # a full warm-up's steps, which the serving engine starts from
+
+
+def start_prices(
+    cfg: WorkerConfig, backend: Backend, worker_id: str, progress: Progress
+) -> StartPrices:
+    """Measure what ``cfg.measurement`` asks for (reporting each stage) and price."""
+    told = told_rates(cfg, backend)
+    mode = cfg.measurement(backend.device, told is not None)
+
+    def stage(done: int, total: int) -> None:
+        progress("measuring", worker_id=worker_id, done=done, total=total)
+
+    warm = None
+    if mode != "none":
+        engine = cfg.engine
+        if mode == "full":
+            gpu = backend.device.startswith("gpu")
+            slow = " (the first run on a machine compiles kernels: minutes)" if gpu else ""
+            log.info("warming %s up and measuring it%s", backend.device, slow)
+            warm = warm_up(backend, engine.max_active, engine.step_tokens, compile_pass=gpu,
+                           progress=stage)  # fmt: skip
+        else:
+            log.info("measuring %s quickly (at most ~%.0f s)", backend.device, QUICK_BUDGET_S)
+            warm = warm_up(
+                backend, engine.max_active, engine.step_tokens, context=QUICK_CONTEXT,
+                measure_steps=QUICK_STEPS, compile_pass=False, budget_s=QUICK_BUDGET_S,
+                prefill_probe=False, progress=stage,
+            )  # fmt: skip
+        log.info("measured %s in %.2f s", backend.device, warm.seconds)
+    prefill, decode = rates(cfg, backend, warm)
+    pinned = told is not None and told[2] == "the rate flags"
+    simulated = backend.name == "sim" and mode == "none"  # its profile is its definition
+    return StartPrices(prefill, decode, not (pinned or simulated), warm if mode == "full" else None)
