@@ -130,7 +130,10 @@ def make_plan(cfg: ServeConfig, model_path: str | None = None, progress: bool = 
     gw = dict(cfg.gateway)
     api_key = gw.pop("api_key", None)
     host = str(gw.pop("host", env_str("GATEWAY_HOST", "127.0.0.1")))
-    port = int(gw.pop("port", env_str("GATEWAY_PORT", "8000")))
+    port_text = str(gw.pop("port", env_str("GATEWAY_PORT", "8000")))
+    if not port_text.isdigit():
+        raise ValueError(f"[gateway] port must be a port number, not {port_text!r}")
+    port = int(port_text)
     if cfg.model and HubName.parse(cfg.model):  # clients may ask for it by its hub name
         aliases = gw.get("model_alias", [])
         aliases = [aliases] if isinstance(aliases, str) else list(aliases)

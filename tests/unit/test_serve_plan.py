@@ -131,6 +131,7 @@ def test_config_round_trip_gives_the_same_plan(tmp_path, monkeypatch):
         ("[[workers]]\nworker_id = 'cpu0'\nthread = 2", "'thread'"),
         ("[gateway]\nrouter = 'tcp://x:1'", "client_addr"),
         ("[worker]\nthreads = 'many'", "--threads"),
+        ("[gateway]\nport = 'http'", "port must be a port number"),
         ("[[workers]]\nworker_id = 'a'\nremote = true\nthreads = 2", "remote worker"),
     ],
 )
