@@ -137,6 +137,11 @@ class RouterMetrics:
         self.g_kv_cap = gauge("kv_capacity_tokens", "KV cells of the worker (n_ctx).")
         self.g_kv_usage = gauge("kv_usage_ratio", "kv_used_tokens / kv_capacity_tokens.")
         self.g_blocks = gauge("cached_blocks", "Prefix blocks the worker advertises.")
+        self.g_provisional = gauge(
+            "provisional",
+            "1 while the worker is priced on rates its served steps have not yet borne out "
+            "(a stored profile or a quick start-up measurement), else 0.",
+        )
         self.g_prefill = gauge(
             "prefill_tokens_per_second", "Prefill rate: advertised or priced.", "source"
         )
@@ -154,6 +159,7 @@ class RouterMetrics:
             self.g_kv_cap,
             self.g_kv_usage,
             self.g_blocks,
+            self.g_provisional,
             self.g_prefill,
             self.g_decode,
         )
@@ -234,11 +240,12 @@ class RouterMetrics:
                 self.g_kv_cap.labels(wid),
                 self.g_kv_usage.labels(wid),
                 self.g_blocks.labels(wid),
+                self.g_provisional.labels(wid),
                 rates={},
             )
         cap = hb.kv_capacity_tokens
         now = (len(hb.active), len(hb.queued), len(w.inflight), hb.kv_used_tokens, cap,
-               len(w.cache.held))  # fmt: skip
+               len(w.cache.held), int(w.provisional))  # fmt: skip
         if now != g.last:  # an idle worker's heartbeats change nothing here
             g.last = now
             g.active.set(now[0])
@@ -248,6 +255,7 @@ class RouterMetrics:
             g.kv_cap.set(cap)
             g.kv_usage.set(hb.kv_used_tokens / cap if cap else 0.0)
             g.blocks.set(now[5])
+            g.provisional.set(now[6])
         self._rates(g, wid, "advertised", w.info.prefill_tok_s, w.info.decode_tok_s)
         self._rates(g, wid, "priced", priced.prefill_tok_s, priced.decode_tok_s)
 
@@ -408,5 +416,6 @@ class _WorkerGauges:
     kv_cap: Any
     kv_usage: Any
     blocks: Any
+    provisional: Any
     rates: dict[str, tuple[float, tuple[float, ...]]]
     last: tuple[int, ...] = ()  # the values last set

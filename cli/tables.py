@@ -30,7 +30,7 @@ def workers_table(reply: p.StatusReply) -> str:
         return head + "\n(no workers connected)"
     rows = [
         [
-            w["id"],
+            worker_label(w),
             w["backend"],
             w["device"],
             f"{w['active']}/{w['max_active']}",
@@ -47,7 +47,20 @@ def workers_table(reply: p.StatusReply) -> str:
     ]
     headers = ["worker", "backend", "device", "active", "queued", "kv", "blocks",
                "prefill/s profile", "live", "priced", "routed", "seen_s_ago"]  # fmt: skip
-    return "\n".join([head, render(headers, rows), "", rates_table(reply.workers)])
+    notes = [
+        f"* {w['id']}: {PROVISIONAL}; {w.get('live_steps', 0)} served decode steps so far"
+        for w in reply.workers
+        if w.get("provisional")
+    ]
+    return "\n".join([head, render(headers, rows), *notes, "", rates_table(reply.workers)])
+
+
+PROVISIONAL = "provisional: priced on start-up rates its served steps have not yet borne out"
+
+
+def worker_label(w: dict[str, Any]) -> str:
+    """A worker's id, starred while its prices are provisional (``PROVISIONAL``)."""
+    return f"{w['id']}*" if w.get("provisional") else str(w["id"])
 
 
 def rates_table(workers: list[dict[str, Any]]) -> str:

@@ -7,6 +7,7 @@ recorded by hand, and router state is built from its dataclasses.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -182,3 +183,33 @@ def test_a_claim_on_a_held_id_is_refused_once_the_holder_speaks_after_it() -> No
     assert "'cpu0' is taken by a live worker (llama.cpp on cpu" in problem.message
     assert "instance 01234567" in problem.message and "--worker-id" in problem.message
     assert not claims.first  # answered: forgotten
+
+
+def test_status_and_metrics_show_a_provisional_worker_until_its_steps_bear_it_out(h) -> None:
+    """Through an in-process router: the Ready's mark, then a heartbeat whose live model
+    holds enough served steps clears it in status and /metrics alike."""
+    from tandem.common.transport import DealerSocket
+
+    sock = DealerSocket(h.router.worker_sock.address, identity=b"cpu0/1")
+    sock.send(dataclasses.replace(ready(True, [50.0] * 4), tokenizer=h.spec, model="m.gguf"))
+    h.pump()
+    assert isinstance(h.recv(sock), p.Welcome)
+    h.workers["cpu0"] = sock
+    gauge = "tandem_worker_provisional"
+    h.heartbeat("cpu0", 1)
+    assert h.router.workers["cpu0"].describe()["provisional"]
+    assert h.router.metrics.registry.get_sample_value(gauge, {"worker": "cpu0"}) == 1
+    h.heartbeat("cpu0", 2, steps=live({1: 60.0}, TRUSTED_STEPS).to_wire())
+    assert not h.router.workers["cpu0"].describe()["provisional"]
+    assert h.router.metrics.registry.get_sample_value(gauge, {"worker": "cpu0"}) == 0
+
+
+def test_tandem_status_stars_a_provisional_worker_and_says_why() -> None:
+    from tandem.cli.tables import workers_table
+
+    rows = [WorkerState(b"x", ready(True, [50.0] * 4)).describe()]
+    settled = WorkerState(b"y", dataclasses.replace(ready(False, [50.0] * 4), worker_id="cpu1"))
+    text = workers_table(p.StatusReply("phase_cost", [*rows, settled.describe()]))
+    assert "cpu0*" in text and "cpu1*" not in text
+    assert "* cpu0: provisional: priced on start-up rates" in text
+    assert "0 served decode steps so far" in text
