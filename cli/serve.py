@@ -12,8 +12,13 @@ from typing import Any
 
 import click
 
+from tandem.cli.gateway import gateway as gateway_command
+from tandem.cli.processes import router as router_command
 from tandem.cli.processes import worker as worker_command
 from tandem.launcher.plan import option_keys
+
+# The commands whose options a plan's config keys are, and whose parsers check them.
+COMMANDS = {"router": router_command, "worker": worker_command, "gateway": gateway_command}
 
 # `tandem worker` flags `tandem serve` takes as its own, for every local worker; any
 # other flag of any process: --set SECTION.KEY=VALUE or the config file.
@@ -122,10 +127,10 @@ def _serve(cfg: Any, print_config: bool, dry_run: bool) -> None:
             raise ValueError(f"{path} is an MLX model folder and no device here runs MLX; {why}")
     eff = effective(cfg, found)
     if print_config:
-        make_plan(eff)  # refuse what the processes would refuse
+        make_plan(eff, COMMANDS)  # refuse what the processes would refuse
         click.echo(conf.dumps(eff), nl=False)
         return
-    plan = make_plan(eff, str(path) if cfg.model and path else cfg.model, progress=True)
+    plan = make_plan(eff, COMMANDS, str(path) if cfg.model and path else cfg.model, progress=True)
     if dry_run:
         click.echo(plan.describe())
         return

@@ -9,6 +9,7 @@ values, so a plan that prints is a plan whose processes accept their flags.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -59,13 +60,6 @@ class Plan:
         return "\n".join(lines)
 
 
-def commands() -> dict[str, click.Command]:
-    from tandem.cli.gateway import gateway
-    from tandem.cli.processes import router, worker
-
-    return {"router": router, "gateway": gateway, "worker": worker}
-
-
 def option_keys(cmd: click.Command) -> dict[str, click.Option]:
     """A command's options by config key: the long flag name, ``_`` for ``-``."""
     out = {}
@@ -113,11 +107,17 @@ def _local(w: dict[str, Any]) -> bool:
     return not w.get("remote", False)
 
 
-def make_plan(cfg: ServeConfig, model_path: str | None = None, progress: bool = False) -> Plan:
+def make_plan(
+    cfg: ServeConfig,
+    cmds: Mapping[str, click.Command],
+    model_path: str | None = None,
+    progress: bool = False,
+) -> Plan:
     """The processes for an ``effective`` config; ValueError names a bad key or value.
-    ``model_path``: the resolved model for workers that name none; ``progress``: ask
-    workers for JSON progress lines (when their command has the flag)."""
-    cmds = commands()
+    ``cmds``: the ``router``, ``worker`` and ``gateway`` click commands, whose options
+    are the config's keys and whose parsers check the values (passed in: the launcher
+    sits below the CLI); ``model_path``: the resolved model for workers that name none;
+    ``progress``: ask workers for JSON progress lines (when their command has the flag)."""
     _reserved("router", "[router]", cfg.router)
     _reserved("gateway", "[gateway]", cfg.gateway)
     _reserved("worker", "[worker]", cfg.worker)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tandem.cli.serve import serve
+from tandem.cli.serve import COMMANDS, serve
 from tandem.common.model_files import ModelNotFound, default_model_path, resolve_model
 from tandem.launcher import config as conf
 from tandem.launcher import devices as dev
@@ -109,7 +109,7 @@ def test_config_round_trip_gives_the_same_plan(tmp_path, monkeypatch):
     second = tmp_path / "printed.toml"
     second.write_text(printed.output)
     assert conf.load(second) == effective(conf.load(first), dev.devices(MAC))
-    plans = [make_plan(effective(conf.load(f), [])) for f in (first, second)]
+    plans = [make_plan(effective(conf.load(f), []), COMMANDS) for f in (first, second)]
     assert plans[0] == plans[1]
     plan = plans[0]
     assert [p.name for p in plan.procs] == ["router", "cpu0", "gateway"]  # listed workers only
@@ -231,7 +231,7 @@ def test_curve_keys_reach_every_process_and_a_bad_folder_is_refused(tmp_path, mo
     make_keys(tmp_path / "k")
     monkeypatch.setattr(dev, "probe", lambda: MAC)
     cfg = effective(conf.ServeConfig(keys=str(tmp_path / "k")), dev.devices(MAC))
-    plan = make_plan(cfg)
+    plan = make_plan(cfg, COMMANDS)
     for proc in plan.procs:
         given = flag(list(proc.argv), "--keys") or dict(proc.env).get("TANDEM_KEYS")
         assert given == str(tmp_path / "k"), proc  # the gateway by environment: no --keys
