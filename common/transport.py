@@ -16,8 +16,10 @@ import zmq
 
 from tandem.common import protocol
 from tandem.common.protocol import Message, ProtocolError
+from tandem.common.refusals import RefusalLog
 
 log = logging.getLogger(__name__)
+_DROPS = RefusalLog(log)  # frames a peer could not be sent, logged at a bounded rate
 
 # Send flags as plain ints: combining zmq's flag enums costs more than the send.
 _NOW = int(zmq.NOBLOCK)
@@ -143,7 +145,7 @@ class RouterSocket:
             return True
         except zmq.ZMQError as exc:  # EHOSTUNREACH (peer left) or EAGAIN (peer stalled)
             what = f"a batch ({first.TYPE}, ...)" if batch else first.TYPE
-            log.warning("dropping %s to %r: %s", what, identity, exc)
+            _DROPS.note("dropping %s to %r: %s", what, identity, exc)  # a peer that never reads
             return False
 
     def send(self, identity: bytes, msg: Message) -> bool:
