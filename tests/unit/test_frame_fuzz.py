@@ -9,6 +9,9 @@ in ``hello``'s ``v`` once raised RecursionError out of the router's loop.
 from __future__ import annotations
 
 import dataclasses
+import queue
+import threading
+import uuid
 
 import msgpack
 import pytest
@@ -17,6 +20,9 @@ from hypothesis import strategies as st
 
 from tandem.common import framescan
 from tandem.common import protocol as p
+from tandem.common.transport import RouterSocket
+from tandem.workers.io import WorkerLink, start_link
+from tests.helpers import tiny_tokenizer
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 TYPES = sorted(p.MESSAGE_TYPES)
@@ -190,3 +196,25 @@ def test_the_scan_finds_exactly_the_frames_nested_past_the_limit(value, wrap, pa
 def test_large_frames_of_a_busy_cluster_pass_the_scan(msg):
     assert framescan.scan(p.encode(msg)) is None
     assert p.decode(p.encode(msg)) == msg
+
+
+def test_the_worker_io_thread_refuses_a_deep_frame_and_registers_on():
+    address = f"inproc://fuzz-link-{uuid.uuid4().hex}"
+    router = RouterSocket(address)
+    ready = p.Ready("w", "sim", "sim-w", "m.gguf", 4, 8192, 16, 100.0, [50.0], 0.05,
+                    tiny_tokenizer())  # fmt: skip
+    link = WorkerLink(address, ready, queue.Queue())
+    stop = threading.Event()
+    thread = start_link(link, stop)
+    try:
+        assert router.sock.poll(5000)
+        identity, msg = router.recv()
+        assert isinstance(msg, p.Ready)
+        router.sock.send_multipart([identity, b"\x82\xa1v" + nested(1000) + b"\xa4type\xa5hello"])
+        router.send(identity, p.Welcome())
+        assert link.registered.wait(5)
+        assert thread.is_alive() and link.refusals.counts == {"too_deep": 1}
+    finally:
+        stop.set()
+        thread.join(5)
+        router.close()
