@@ -91,6 +91,7 @@ def generate(
 
 def _check_arguments(text_arg: dict, options: dict, timeout_s: float) -> None:
     """One clear line and exit 1 for any argument the request cannot carry."""
+    from tandem.client.errors import BadRequest
     from tandem.client.session import make_submit
     from tandem.common import protocol as p
 
@@ -102,6 +103,8 @@ def _check_arguments(text_arg: dict, options: dict, timeout_s: float) -> None:
         bad = submit.sampling.problem(max_tokens_limit=2**31)
         problem = problem or (bad.message if bad else None)
         p.encode(submit)
+    except BadRequest as exc:  # a value the wire cannot carry (client/checks.py)
+        problem = problem or exc.message
     except UnicodeError:  # undecodable bytes in the command line
         problem = problem or "the arguments must be valid UTF-8 text"
     except (OverflowError, ValueError, TypeError) as exc:  # ints past 64 bits, ...

@@ -3,6 +3,7 @@
 from tandem.client.aio import AsyncClient
 from tandem.client.errors import (
     BadRequest,
+    HandshakeRefused,
     NoWorkers,
     Overloaded,
     PromptTooLong,
@@ -20,6 +21,7 @@ __all__ = [
     "BadRequest",
     "Client",
     "Delta",
+    "HandshakeRefused",
     "NoWorkers",
     "Overloaded",
     "PromptTooLong",

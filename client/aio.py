@@ -9,19 +9,33 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from tandem.client.errors import RequestTimeout, TandemError, from_error
+from tandem.client.errors import (
+    HANDSHAKE_REFUSED,
+    HandshakeRefused,
+    RequestTimeout,
+    RouterLost,
+    TandemError,
+    from_error,
+)
 from tandem.client.session import Assembly, Delta, Result, make_submit, request_id_of
+from tandem.client.watch import attach, refusal, stop_retrying
 from tandem.common import protocol as p
 from tandem.common.auth import peer_setup
 from tandem.common.settings import addresses
-from tandem.common.transport import CLIENT_FRAME_BYTES, close_monitor, monitor_socket
+from tandem.common.transport import CLIENT_FRAME_BYTES, close_monitor
 
 DRAIN_MAX = 255  # messages read per wake-up beyond the first
 WATCH_S = 1.0  # the longest a closed connection goes unnoticed
+SEND_POLL_MS = 100  # while a send waits for the connection: how often a refusal is checked
 
 
 class AsyncClient:
-    """Many concurrent requests over one connection; use inside a running loop."""
+    """Many concurrent requests over one connection; use inside a running loop.
+
+    A closed connection fails the requests in flight at once (RouterLost); a refused
+    handshake (keys, docs/SECURITY.md) fails every pending and later call at once
+    (HandshakeRefused). No send waits past ``timeout_s``.
+    """
 
     def __init__(
         self, address: str | None = None, timeout_s: float = 300.0, keys: str | None = None
@@ -33,12 +47,15 @@ class AsyncClient:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, CLIENT_FRAME_BYTES)
         setup = peer_setup(keys, "client")  # CURVE, when the router uses keys
+        self._keyed = setup is not None
         if setup is not None:
             setup(self._sock)
+        self._monitor = attach(self._sock)  # before connect: a refusal comes at once
         self._sock.connect(self.address)
         self._boxes: dict[str | None, asyncio.Queue[p.Message]] = {}
         self._reader: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self._refused: HandshakeRefused | None = None  # kept: no later call gets through
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -51,7 +68,7 @@ class AsyncClient:
             self._reader.cancel()
         if self._watcher:
             self._watcher.cancel()
-        self._sock.disable_monitor()  # before the socket goes (common.transport.close_monitor)
+        close_monitor(self._sock, self._monitor)  # before the socket goes
         self._sock.close(linger=0)
 
     async def generate(self, prompt: str | None = None, **kwargs: Any) -> Result:
@@ -100,7 +117,7 @@ class AsyncClient:
         box = self._box(None)
         while not box.empty():  # a reply to an earlier status call that timed out
             box.get_nowait()
-        await self._sock.send(p.encode(p.StatusQuery()))
+        await self._send(p.encode(p.StatusQuery()))
         msg = await self._get(box, None)
         if isinstance(msg, p.Error):
             raise from_error(msg)
@@ -117,9 +134,9 @@ class AsyncClient:
         rid = submit.request_id
         box = self._box(rid)
         asm = out["asm"] = Assembly(rid)
-        await self._sock.send(p.encode(submit))
         ended = False  # done, or failed: the router holds nothing to cancel
         try:
+            await self._send(p.encode(submit))
             while asm.result is None:
                 msg = await self._get(box, rid)
                 try:
@@ -141,32 +158,62 @@ class AsyncClient:
         if self._reader is None or self._reader.done():
             self._reader = asyncio.get_running_loop().create_task(self._read())
         if self._watcher is None or self._watcher.done():
-            # The monitor attaches now, before the first request leaves: a router that
-            # answers and dies at once must not close the connection unobserved. Only
-            # when no watcher lives: a socket has one monitor, and a second would
-            # replace the first, whose watcher would then stop the new one as it ends.
-            monitor = monitor_socket(self._sock, zmq.EVENT_DISCONNECTED)
-            self._watcher = asyncio.get_running_loop().create_task(self._watch(monitor))
+            # What the connection did while nobody watched: a refusal counts, a close
+            # lost nothing (no request was open).
+            self._events(lost=False)
+            self._watcher = asyncio.get_running_loop().create_task(self._watch())
+        if self._refused is not None:
+            raise HandshakeRefused(self._refused.message)
         return self._boxes.setdefault(rid, asyncio.Queue())
 
-    async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
+    async def _watch(self) -> None:
         """A closed connection fails every open request at once (RouterLost)."""
-        try:
-            while True:
-                # Wake at least every WATCH_S and ask the socket itself: an asyncio
-                # wake-up rides on zmq's edge-triggered descriptor and can be missed
-                # (seen once in CI: a request waited out its timeout after the close).
-                await monitor.poll(WATCH_S * 1000)
-                if not monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                    continue
-                await monitor.recv_multipart()
-                for rid, box in self._boxes.items():
-                    if rid is not None:
-                        box.put_nowait(
-                            p.Error(p.ROUTER_LOST, "the connection to the router closed", rid)
-                        )
-        finally:  # also when the loop ends without close(): the socket may still be open
-            close_monitor(self._sock, monitor)
+        monitor = self._monitor
+        while True:
+            # Wake at least every WATCH_S and ask the socket itself: an asyncio
+            # wake-up rides on zmq's edge-triggered descriptor and can be missed
+            # (seen once in CI: a request waited out its timeout after the close).
+            await monitor.poll(WATCH_S * 1000)
+            self._events(lost=True)
+
+    def _events(self, lost: bool) -> None:
+        """Read the monitor's waiting events: a refused handshake fails every box and
+        the client for good; a close (``lost``) fails the open requests."""
+        while self._monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            frames = self._monitor.recv_multipart(zmq.NOBLOCK).result()
+            refused = refusal(self.address, frames, self._keyed)
+            if refused is not None and self._refused is None:
+                self._refused = refused
+                stop_retrying(self._sock, self.address)
+            if refused is not None:
+                self._fail_all(HANDSHAKE_REFUSED, refused.message, with_status=True)
+            elif lost:
+                self._fail_all(p.ROUTER_LOST, "the connection to the router closed")
+
+    def _fail_all(self, code: str, message: str, with_status: bool = False) -> None:
+        for rid, box in self._boxes.items():
+            if rid is not None or with_status:
+                box.put_nowait(p.Error(code, message, rid))  # type: ignore[arg-type]
+
+    async def _send(self, frame: bytes) -> None:
+        """Send once the connection takes it: at once on a refused handshake, and
+        after ``timeout_s`` at the latest, it fails instead (a connection dropped
+        after a refusal takes nothing, ever)."""
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        while True:
+            if self._refused is not None:
+                raise HandshakeRefused(self._refused.message)
+            failed = self._sock.send(frame, zmq.NOBLOCK).exception()
+            if failed is None:
+                return
+            if not isinstance(failed, zmq.Again):  # e.g. the socket is closed
+                raise failed
+            if asyncio.get_running_loop().time() > deadline:
+                raise RouterLost(
+                    f"the connection to the router at {self.address} took no message "
+                    f"for {self.timeout_s}s (the router is away or does not read)"
+                )
+            await self._sock.poll(SEND_POLL_MS, zmq.POLLOUT)
 
     async def _get(self, box: asyncio.Queue[p.Message], rid: str | None) -> p.Message:
         if not box.empty():  # tokens often arrive in bursts: skip wait_for's task and timer
@@ -175,7 +222,7 @@ class AsyncClient:
             return await asyncio.wait_for(box.get(), self.timeout_s)
         except TimeoutError:
             if rid is not None:
-                await self._sock.send(p.encode(p.Cancel(rid)))
+                self.cancel(rid)
             raise RequestTimeout(f"no reply for {self.timeout_s}s", rid) from None
 
     async def _read(self) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from tandem.common import protocol as p
 
+HANDSHAKE_REFUSED = "handshake_refused"  # client side only, like "timeout"
+
 
 class TandemError(Exception):
     """A request failed; ``code`` is the protocol error code."""
@@ -26,7 +28,15 @@ class TandemError(Exception):
 
 
 class BadRequest(TandemError):
+    """The request itself is wrong; ``field``: the argument at fault, when the library
+    found it before sending (client/checks.py)."""
+
     code = p.BAD_REQUEST
+
+    def __init__(self, message: str, request_id: str | None = None, code: str | None = None,
+                 retry_after_s: float | None = None, field: str | None = None) -> None:  # fmt: skip
+        super().__init__(message, request_id, code, retry_after_s)
+        self.field = field
 
 
 class PromptTooLong(BadRequest):
@@ -55,6 +65,13 @@ class RouterLost(TandemError):
     code = p.ROUTER_LOST
 
 
+class HandshakeRefused(RouterLost):
+    """The router refused this client's handshake (its keys: docs/SECURITY.md). Every
+    pending and later call on that client fails with it at once."""
+
+    code = HANDSHAKE_REFUSED
+
+
 class RequestTimeout(TandemError, TimeoutError):
     code = "timeout"
 
@@ -69,6 +86,7 @@ _BY_CODE: dict[str, type[TandemError]] = {
         WorkerLost,
         Overloaded,
         RouterLost,
+        HandshakeRefused,
     )
 }
 _BY_CODE[p.BAD_FRAME] = BadRequest

@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.client.checks import check_submit
 from tandem.client.errors import TandemError, from_error
 from tandem.common import protocol as p
 
@@ -55,14 +56,18 @@ def make_submit(
 ) -> p.Submit:
     """A Submit with a fresh request id. ``options``: SamplingParams fields
     (max_tokens, temperature, ...; or a whole ``sampling``) and Submit's own
-    (stream, worker)."""
+    (stream, worker). Raises BadRequest, naming the field, for a value the wire
+    cannot carry (client/checks.py)."""
     given = {k: v for k, v in options.items() if k in SAMPLING_FIELDS}
     if sampling is not None and given:
         raise TypeError(f"give sampling= or its fields {sorted(given)}, not both")
-    if "stop" in given:
-        given["stop"] = list(given["stop"])
+    stop = given.get("stop")
+    if isinstance(stop, str):  # one stop string, not its characters
+        given["stop"] = [stop]
+    elif isinstance(stop, tuple | list):
+        given["stop"] = list(stop)
     rest = {k: v for k, v in options.items() if k not in SAMPLING_FIELDS}
-    return p.Submit(
+    submit = p.Submit(
         request_id=request_id or uuid.uuid4().hex,
         prompt=prompt,
         tokens=tokens,
@@ -70,6 +75,8 @@ def make_submit(
         sampling=sampling or p.SamplingParams(**given),
         **rest,
     )
+    check_submit(submit)  # BadRequest naming the field, before anything is sent
+    return submit
 
 
 @dataclass

@@ -2,34 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict, deque
 from collections.abc import Iterator
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
-from tandem.client.errors import BadRequest, RequestTimeout, TandemError, from_error
+from tandem.client.errors import (
+    HANDSHAKE_REFUSED,
+    BadRequest,
+    HandshakeRefused,
+    RequestTimeout,
+    RouterLost,
+    TandemError,
+    from_error,
+)
 from tandem.client.session import Assembly, Delta, Result, make_submit, request_id_of
+from tandem.client.watch import attach, refusal, stop_retrying
 from tandem.common import protocol as p
 from tandem.common.auth import peer_setup
 from tandem.common.settings import addresses
-from tandem.common.transport import (
-    CLIENT_FRAME_BYTES,
-    DealerSocket,
-    close_monitor,
-    monitor_socket,
-)
-
-# A closed connection loses every request in flight on it: the router answers on
-# the connection a request came in on, and a reconnected socket is a new peer.
-_REFUSED = (
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-)
-_LOST_EVENTS = zmq.EVENT_DISCONNECTED | _REFUSED
+from tandem.common.transport import CLIENT_FRAME_BYTES, DealerSocket, close_monitor
 
 
 class Client:
@@ -41,7 +36,9 @@ class Client:
     again on a fresh socket (the router may have restarted), up to ``retries`` times.
     ``keys``: the CURVE keys folder when the router uses keys (default TANDEM_KEYS).
     When the connection drops mid-request the request fails at once with
-    RouterLost instead of waiting out ``timeout_s``.
+    RouterLost instead of waiting out ``timeout_s``; when the router refuses our
+    handshake (keys), every pending and later call fails at once with
+    HandshakeRefused. No send blocks past ``connect_timeout_s``.
     """
 
     def __init__(
@@ -59,14 +56,23 @@ class Client:
         self._setup = peer_setup(keys, "client")
         self._mail: dict[str | None, deque[p.Message]] = defaultdict(deque)
         self._open: set[str] = set()  # request ids in flight: mail for others is dropped
+        self._refused: HandshakeRefused | None = None  # kept: no later call gets through
         self._connect()
 
     def _connect(self) -> None:
-        self._sock = DealerSocket(self.address, None, CLIENT_FRAME_BYTES, self._setup)
-        self._monitor: zmq.Socket | None = None  # watching only while a reply is awaited
+        self._monitor: zmq.Socket | None = None
+
+        def setup(sock: zmq.Socket) -> None:  # before connect: a refusal comes at once
+            if self._setup is not None:
+                self._setup(sock)
+            self._monitor = attach(sock)
+
+        self._sock = DealerSocket(self.address, None, CLIENT_FRAME_BYTES, setup)
 
     def close(self) -> None:
-        self._unwatch(force=True)
+        if self._monitor is not None:
+            close_monitor(self._sock.sock, self._monitor)
+            self._monitor = None
         self._sock.close()
 
     def __enter__(self) -> Client:
@@ -104,41 +110,62 @@ class Client:
         return reply
 
     def cancel(self, request_id: str) -> None:
-        self._sock.send(p.Cancel(request_id))
+        """Ask the router to stop ``request_id`` (idempotent). Never blocks: a cancel
+        the connection cannot take now is dropped (no connection, nothing to stop)."""
+        with contextlib.suppress(zmq.ZMQError):
+            self._sock.sock.send(p.encode(p.Cancel(request_id)), zmq.NOBLOCK)
 
     # ------------------------------------------------------------ plumbing
     def _call(self, msg: p.Message, expect: tuple[type, ...]) -> p.Message:
         """Request/reply without a request id, retried on a fresh socket (Lazy Pirate)."""
-        try:
-            for _attempt in range(self.retries + 1):
-                self._watch()
-                self._sock.send(msg)
-                reply = self._next(None, self.connect_timeout_s)
-                if reply is None:
-                    self._reconnect()
-                    continue
-                if isinstance(reply, p.Error):
-                    raise from_error(reply)
-                if isinstance(reply, expect):
-                    return reply
-                raise TandemError(f"unexpected reply {reply.TYPE}")
-            raise RequestTimeout(f"no reply from the router at {self.address}")
-        finally:
-            self._unwatch()
+        for _attempt in range(self.retries + 1):
+            self._check_connection()
+            self._send(msg)
+            reply = self._next(None, self.connect_timeout_s)
+            if reply is None:
+                self._reconnect()
+                continue
+            if isinstance(reply, p.Error):
+                raise from_error(reply)
+            if isinstance(reply, expect):
+                return reply
+            raise TandemError(f"unexpected reply {reply.TYPE}")
+        raise RequestTimeout(f"no reply from the router at {self.address}")
 
     def _reconnect(self) -> None:
         self.close()
         self._connect()
 
     def _send(self, msg: p.Message) -> None:
+        """Send once the connection takes it, never blocking past ``connect_timeout_s``
+        (a connection dropped after a refused handshake takes nothing, ever)."""
+        rid = getattr(msg, "request_id", None)
         frame = p.encode(msg)
         if len(frame) > CLIENT_FRAME_BYTES:
             raise BadRequest(
                 f"the request is {len(frame)} bytes; the router accepts at most "
                 f"{CLIENT_FRAME_BYTES}",
-                getattr(msg, "request_id", None),
+                rid,
             )
-        self._sock.sock.send(frame)
+        sock, deadline = self._sock.sock, time.monotonic() + self.connect_timeout_s
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLOUT)
+        poller.register(self._monitor, zmq.POLLIN)
+        while True:
+            try:
+                sock.send(frame, zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                pass
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                raise RouterLost(
+                    f"the connection to the router at {self.address} took no message for "
+                    f"{self.connect_timeout_s}s (the router is away or does not read)",
+                    rid,
+                )
+            poller.poll(left_ms)
+            self._check_connection()
 
     def _next(self, request_id: str | None, timeout_s: float) -> p.Message | None:
         """The next message for ``request_id`` (None: replies without an id)."""
@@ -149,7 +176,7 @@ class Client:
         poller = zmq.Poller()
         poller.register(self._sock.sock, zmq.POLLIN)
         monitor = self._monitor
-        assert monitor is not None, "_watch() before waiting for a reply"
+        assert monitor is not None
         poller.register(monitor, zmq.POLLIN)
         while not box:
             left_ms = int((deadline - time.monotonic()) * 1000)
@@ -166,43 +193,35 @@ class Client:
                     self._mail[rid].append(msg)
         return box.popleft()
 
-    def _watch(self) -> None:
-        """Watch the connection (before a request or call is sent): a close seen from
-        now on fails every open request at once (``_on_lost``)."""
-        if self._monitor is None:
-            self._monitor = monitor_socket(self._sock.sock, _LOST_EVENTS)
-
-    def _unwatch(self, force: bool = False) -> None:
-        """Stop watching once nothing waits for a reply (``force``: on close).
-
-        Nobody reads the monitor while the client idles, and libzmq sends each event
-        from the context's I/O thread with a blocking send: an idle client whose
-        connection keeps failing (a router away, wrong keys: a few events every
-        reconnect) would fill the monitor's queue (1,000 events) and then stall every
-        socket of the process (common.transport.close_monitor). Unwatched, an idle
-        client holds no queue at all, and a close while it idled (a router restart:
-        ZeroMQ reconnects by itself) cannot fail its next request."""
-        if self._monitor is not None and (force or not self._open):
-            close_monitor(self._sock.sock, self._monitor)
-            self._monitor = None
+    def _check_connection(self) -> None:
+        """Read the connection's events so far (``_on_lost``); raise if the router
+        refused our handshake, now or before."""
+        if self._refused is None and self._monitor is not None and self._monitor.poll(0):
+            self._on_lost(self._monitor)
+        if self._refused is not None:
+            raise HandshakeRefused(self._refused.message)
 
     def _on_lost(self, monitor: zmq.Socket) -> None:
-        """The connection closed: every open request fails now (none can be answered)."""
-        events = []
+        """The connection closed: every open request fails now (none can be answered).
+        A refused handshake fails the client itself, and the call waiting without a
+        request id (``_call``) too."""
+        refused = None
         while monitor.poll(0):
-            events.append(recv_monitor_message(monitor)["event"])
-        refused = any(e & _REFUSED for e in events)
-        why = "refused our handshake (wrong or missing keys?)" if refused else "closed"
-        for rid in self._open:
-            self._mail[rid].append(
-                p.Error(
-                    p.ROUTER_LOST,
-                    f"the connection to the router {self.address} {why} while the request "
-                    "ran (router stopped or restarted, or the request was too large): it "
-                    "is lost; submit it again",
-                    rid,
-                )
+            event = refusal(self.address, monitor.recv_multipart(), self._setup is not None)
+            refused = refused or event
+        if refused is not None:
+            self._refused = refused
+            stop_retrying(self._sock.sock, self.address)
+            code, why, waiting = HANDSHAKE_REFUSED, refused.message, (*self._open, None)
+        else:
+            code, waiting = p.ROUTER_LOST, tuple(self._open)
+            why = (
+                f"the connection to the router {self.address} closed while the request ran "
+                "(router stopped or restarted, or the request was too large): it is lost; "
+                "submit it again"
             )
+        for rid in waiting:
+            self._mail[rid].append(p.Error(code, why, rid))  # type: ignore[arg-type]
         self._open.clear()
 
 
@@ -255,7 +274,6 @@ class Stream:
         """Finished or failed: forget its mailbox; late messages for it are dropped."""
         self.client._open.discard(self.request_id)
         self.client._mail.pop(self.request_id, None)
-        self.client._unwatch()
 
     def _send_with_retry(self) -> None:
         """Send; if nothing comes back in time, probe the router. Alive: the request
@@ -263,14 +281,14 @@ class Stream:
         c = self.client
         try:
             for _attempt in range(c.retries + 1):
+                c._check_connection()  # before it opens: an old close is not its loss
                 c._open.add(self.request_id)
-                c._watch()
                 c._send(self.submit)
                 msg = c._next(self.request_id, c.connect_timeout_s)
                 if msg is not None:
                     c._mail[self.request_id].appendleft(msg)  # Accepted (or Error): iter reads it
                     return
-                c._sock.send(p.Hello(name="tandem-client"))
+                c._send(p.Hello(name="tandem-client"))
                 if c._next(None, c.connect_timeout_s) is not None:
                     return  # the router is alive and holds the request
                 c._reconnect()

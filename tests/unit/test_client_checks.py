@@ -1,0 +1,74 @@
+"""The client library refuses what the wire cannot carry (issue 28, item 6): values
+msgpack cannot encode become BadRequest naming their field, raised before anything
+is sent, by the sync and the async client alike."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import zmq
+
+from tandem.client import AsyncClient, BadRequest, Client
+from tandem.client.session import make_submit
+from tandem.launcher.cluster import free_tcp_address
+
+CASES = [
+    ({"prompt": "hi", "max_tokens": 2**64}, "max_tokens"),
+    ({"prompt": "\udcff"}, "prompt"),
+    ({"tokens": [1, 2, 2**64]}, "tokens[2]"),
+    ({"tokens": [1, -1]}, "tokens[1]"),
+    ({"prompt": "hi", "seed": 2**64}, "seed"),
+    ({"prompt": "hi", "top_k": 2**63}, "top_k"),
+    ({"messages": [{"role": "user", "content": "a\ud800"}]}, "messages[0].content"),
+    ({"prompt": "hi", "stop": ["ok", "\udfff"]}, "stop[1]"),
+    ({"prompt": "hi", "worker": "gpu\udcff"}, "worker"),
+    ({"prompt": "hi", "max_tokens": "12"}, "max_tokens"),
+    ({"prompt": "hi", "temperature": float("nan")}, "temperature"),
+    ({"prompt": "hi", "ignore_eos": 1}, "ignore_eos"),
+    ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": 5}, "prompt"),
+]
+
+
+@pytest.fixture
+def listener():
+    """A bound socket where a client would send: it must receive nothing."""
+    address = free_tcp_address()
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(address)
+    yield address, sock
+    sock.close()
+
+
+@pytest.mark.parametrize(("kwargs", "field"), CASES)
+def test_sync_client_refuses_before_sending(listener, kwargs, field):
+    address, sock = listener
+    with Client(address, timeout_s=60, connect_timeout_s=60) as c, pytest.raises(BadRequest) as e:
+        c.generate(**kwargs)
+    assert e.value.field == field and field.split("[")[0] in e.value.message
+    assert not sock.poll(100)  # nothing went out
+
+
+@pytest.mark.parametrize(("kwargs", "field"), CASES)
+def test_async_client_refuses_before_sending(listener, kwargs, field):
+    address, sock = listener
+
+    async def run() -> None:
+        async with AsyncClient(address, timeout_s=60) as c:
+            with pytest.raises(BadRequest) as e:
+                await asyncio.wait_for(c.generate(**kwargs), 30)
+            assert e.value.field == field
+            with pytest.raises(BadRequest):
+                async for _ in c.stream(**kwargs):
+                    pass
+
+    asyncio.run(run())
+    assert not sock.poll(100)
+
+
+def test_values_the_wire_carries_pass():
+    sub = make_submit(tokens=[0, 2**63 - 1], seed=2**64 - 1, top_k=2**63 - 1, stop="x")
+    assert sub.sampling.stop == ["x"]  # one stop string, not its characters
+    make_submit(messages=[{"role": "user", "content": "\U0001f600 emoji é"}])
