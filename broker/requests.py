@@ -116,9 +116,12 @@ class ClientRequest:
         return out
 
 
-def prompt_tokens(sub: p.Submit, tokenizer: TextTokenizer | None) -> list[int]:
+def prompt_tokens(
+    sub: p.Submit, tokenizer: TextTokenizer | None, release_gil: bool = False
+) -> list[int]:
     """The token ids ``sub`` asks for (given, or its prompt / chat messages encoded);
-    ValueError when they cannot be had."""
+    ValueError when they cannot be had. ``release_gil``: off the loop, on a thread
+    (broker/tokenize.py)."""
     if tokenizer is None:
         raise ValueError("the router has no tokenizer yet")
     if sub.tokens is not None:
@@ -128,7 +131,7 @@ def prompt_tokens(sub: p.Submit, tokenizer: TextTokenizer | None) -> list[int]:
             raise ValueError(f"token ids outside the vocabulary: {bad[:5]}")
         return list(sub.tokens)
     text = sub.prompt if sub.messages is None else tokenizer.apply_chat_template(sub.messages)
-    tokens = tokenizer.encode(text or "")
+    tokens = tokenizer.encode(text or "", release_gil=release_gil)
     if not tokens:
         raise ValueError("the prompt is empty")
     return tokens

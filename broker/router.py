@@ -35,6 +35,7 @@ from tandem.broker.registry import Claims, Routed, WorkerState, ready_problem
 from tandem.broker.relay import Pending, TokenOutbox
 from tandem.broker.requests import ClientRequest, PendingQueue, prompt_tokens, validate_submit
 from tandem.broker.spin import AdaptiveSpin
+from tandem.broker.tokenize import Tokenizing
 from tandem.common import auth
 from tandem.common import protocol as p
 from tandem.common.refusals import RefusalLog
@@ -49,7 +50,10 @@ EXPIRE_EVERY_S = 0.1  # liveness is checked at most this often (it walks every w
 # every waiting worker frame before it routes. 256 idle workers: 4.3-4.5 % of a core at
 # 20 ms, 2.9-3.1 % at 100, 2.7 % at 200 (docs/results/router-overhead.md).
 IDLE_GATHER_MS = 200
-SPEC_ASK_EVERY_S = 1.0  # a fresh router asks one worker per second for the tokenizer spec
+SPEC_ASK_EVERY_S = 1.0
+# Client bytes read per turn: decoding a 1 MiB Submit takes ~1.5 ms, and 16 of them
+# read in one turn held every stream's tokens for ~25 ms (docs/results/reliability.md).
+CLIENT_TURN_BYTES = 1 << 20  # a fresh router asks one worker per second for the tokenizer spec
 
 
 @dataclass
@@ -87,6 +91,7 @@ class Router:
         self.views = ViewCache(self.calibration)
         self.outbox = TokenOutbox()
         self.refusals = RefusalLog(log)  # refused frames and handling failures, rate-limited
+        self.tokenizing = Tokenizing()  # large prompts, tokenized off the loop
         self.spin = AdaptiveSpin(self.cfg.spin_us / 1e6)
         self.tokenizer_hash = ""
         self._spec_asked_at = -SPEC_ASK_EVERY_S
@@ -113,6 +118,7 @@ class Router:
             self.policy.name,
         )
         poller.register(self._monitor, zmq.POLLIN)
+        poller.register(self.tokenizing.fd, zmq.POLLIN)
         client_wake = zmq.Poller()
         client_wake.register(self.client_sock.sock, zmq.POLLIN)
         more, frozen_at = False, -1
@@ -126,7 +132,7 @@ class Router:
                     gc.freeze()
                     frozen_at = len(self.workers)
                 ready = dict(poller.poll(timeout=0)) if more else self._wait(poller)
-                idle = not (more or self.requests or self.pending)
+                idle = not (more or self.requests or self.pending or self.tokenizing)
                 if idle and self.client_sock.sock not in ready:
                     # Idle, woken by heartbeats: let them gather for a moment, waking
                     # at once for a client: one turn then handles many, and the
@@ -143,6 +149,7 @@ class Router:
             self.client_sock.close()
             self.worker_sock.close()
             self.guard.stop()
+            self.tokenizing.close()
             if self.decisions:
                 self.decisions.close()
 
@@ -191,10 +198,13 @@ class Router:
             self.expire_workers()  # it walks every worker: not more often than EXPIRE_EVERY_S
             self._expiry_at = now + EXPIRE_EVERY_S
         self._flush()  # whatever expiring workers failed
+        if self.tokenizing and (ready is None or self.tokenizing.fd in ready):
+            self._tokenized()
         adm = self.cfg.admission
         more = False
         if ready is None or self.client_sock.sock in ready:
-            more = not self._drain(self.client_sock, self.on_client, adm.client_frames_per_turn)
+            frames, size = adm.client_frames_per_turn, CLIENT_TURN_BYTES
+            more = not self._drain(self.client_sock, self.on_client, frames, None, size)
         return self.dispatch_pending(limit=adm.routes_per_turn) or more
 
     def drain_workers(self) -> bool:
@@ -203,12 +213,17 @@ class Router:
         return self._drain(self.worker_sock, self.on_worker, 100_000, self._same_heartbeat)
 
     def _drain(
-        self, sock: RouterSocket, handler: Any, limit: int = 256, repeat: Any = None
+        self,
+        sock: RouterSocket,
+        handler: Any,
+        limit: int = 256,
+        repeat: Any = None,
+        max_bytes: int = 1 << 62,
     ) -> bool:
-        """Handle up to ``limit`` waiting frames; True when the socket was emptied.
-        ``repeat(identity, frame)``: True when the frame repeats one already handled
-        (then it is not decoded again)."""
-        emptied = False
+        """Handle up to ``limit`` waiting frames (or until ``max_bytes`` are read);
+        True when the socket was emptied. ``repeat(identity, frame)``: True when the
+        frame repeats one already handled (then it is not decoded again)."""
+        emptied, size = False, 0
         for _ in range(limit):
             parts = sock.recv_frames_nowait()
             if parts is None:
@@ -231,6 +246,9 @@ class Router:
             except Exception:  # a bug must not take the router down with it
                 self.refusals.note("router failed handling a frame from %r", parts[0],
                                    exc_info=True)  # fmt: skip
+            size += len(parts[-1])
+            if size >= max_bytes:
+                break
             if not sock.waiting():  # cheaper than the read that would find nothing
                 emptied = True
                 break
@@ -310,13 +328,15 @@ class Router:
     def submit(self, identity: bytes, msg: p.Submit) -> None:
         key = (identity, msg.request_id)
         problem = validate_submit(msg) or self.admission.prompt_problem(msg)
-        if problem is None and (key in self._by_client or key in self.pending):
+        if problem is None and (
+            key in self._by_client or key in self.pending or key in self.tokenizing
+        ):
             problem = p.Problem(
                 p.DUPLICATE_REQUEST, f"request id {msg.request_id!r} is already in flight"
             )
-        if problem is None:
-            units = prompt_units(msg) + self.pending.units
-            problem = self.admission.full_problem(len(self.pending), units)
+        if problem is None:  # prompts being tokenized wait as the pending ones do
+            units = prompt_units(msg) + self.pending.units + self.tokenizing.units
+            problem = self.admission.full_problem(len(self.pending) + len(self.tokenizing), units)
         if problem:
             self.client_sock.queue(identity, self.admission.error(problem, msg, len(self.pending)))
             return
@@ -329,6 +349,12 @@ class Router:
     def cancel(self, identity: bytes, request_id: str) -> None:
         wid = self._by_client.get((identity, request_id))
         if wid is None:
+            req = self.tokenizing.cancel((identity, request_id))
+            if req is not None:  # its tokens, when they come, are dropped
+                done = p.Done(request_id, p.FinishReason.CANCELLED, {})
+                self.client_sock.queue(identity, done)
+                self.metrics.on_outcome(req.policy, "cancelled")
+                return
             for req in list(self.pending):
                 if (req.client, req.submit.request_id) == (identity, request_id):
                     self.pending.remove(req)
@@ -363,6 +389,9 @@ class Router:
                 return True
             self.pending.popleft()
             routed += 1
+            if self.tokenizer is not None and self.tokenizing.wants(req):
+                self.tokenizing.start(req, self.tokenizer)  # back when tokenized (_tokenized)
+                continue
             try:
                 placed = self.route(req)
             except Exception as exc:  # a bug must cost one request an error, not a hang
@@ -373,6 +402,21 @@ class Router:
                 self.pending.appendleft(req)
                 return False
         return False
+
+    def _tokenized(self) -> None:
+        """Requests whose prompts were tokenized off the loop go back to the head of
+        the queue (they came before the ones there), or fail as they would have."""
+        back = []
+        for req, tokens in self.tokenizing.finished():
+            if isinstance(tokens, ValueError):
+                self._fail(req, p.BAD_REQUEST, str(tokens))
+            elif isinstance(tokens, BaseException):
+                log.error("tokenizing %s failed: %r", req.submit.request_id, tokens)
+                self._fail(req, p.INTERNAL, f"router error: {tokens}")
+            else:
+                req.tokens = tokens
+                back.append(req)
+        self.pending.extendleft(reversed(back))
 
     def route(self, req: ClientRequest) -> bool:
         """Assign ``req`` (or fail it); False when it must wait for room on a worker."""

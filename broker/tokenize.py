@@ -1,0 +1,116 @@
+"""Large prompts tokenized beside the router's loop, not on it.
+
+Tokenizing a 1 Mi-character prompt takes ~0.9 s here; on the loop, 16 of them
+stood every stream still for 13.9 s (docs/results/reliability.md). A request whose
+prompt is longer than ``OFF_LOOP_CHARS`` leaves the pending queue for a small pool
+of threads when its turn to be routed comes, and goes back to the queue's head,
+tokens in hand, when they are ready; requests behind it are routed meanwhile. The
+tokenizers library releases the GIL while it encodes a batch
+(``TextTokenizer.encode(release_gil=True)``), so the loop runs on during the work.
+
+A finished job writes a byte to a pipe the loop polls with its sockets, so the
+loop wakes for it at once. A cancel while a prompt is tokenized drops the job: its
+result, when it comes, is thrown away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from tandem.broker.admission import prompt_units
+from tandem.broker.requests import ClientRequest, prompt_tokens
+from tandem.common import protocol as p
+from tandem.common.tokenizer import TextTokenizer
+
+# Measured on the 2-core dev VM (SmolLM2's tokenizer, English text): 1 Ki characters
+# take ~0.4 ms inline and as long through the pool (hand-off included); 4 Ki 2.0 ms
+# inline against 1.6; 16 Ki 15 against 8.7. Below 1 Ki the loop's cost is small.
+OFF_LOOP_CHARS = 1024
+# One thread per two cores: the loop keeps a core (on 2 cores, two tokenizing threads
+# stalled a stream up to 0.2 s); the threads run at a lower priority, for the same reason.
+THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
+NICE = 10
+Key = tuple[bytes, str]  # (client identity, request id)
+
+
+def prompt_chars(sub: p.Submit) -> int:
+    """How much text ``sub`` gives to tokenize (chat messages: their contents)."""
+    if sub.prompt is not None:
+        return len(sub.prompt)
+    if sub.messages is not None:
+        return sum(len(str(m.get("content", ""))) for m in sub.messages)
+    return 0
+
+
+def _yield_to_the_loop() -> None:
+    """Lower this pool thread's priority (Linux: per thread), so that the loop wins
+    a core whenever it has work."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+
+
+class Tokenizing:
+    """The requests whose prompts are being tokenized off the loop, by key."""
+
+    def __init__(self, threads: int = THREADS, off_loop_chars: int = OFF_LOOP_CHARS) -> None:
+        self.off_loop_chars = off_loop_chars
+        self._pool = ThreadPoolExecutor(
+            threads, thread_name_prefix="tandem-tokenize", initializer=_yield_to_the_loop
+        )
+        self.fd, self._write_fd = os.pipe()  # the loop polls ``fd`` with its sockets
+        os.set_blocking(self.fd, False)
+        self._jobs: dict[Key, tuple[ClientRequest, Future[list[int]]]] = {}
+        self.units = 0  # prompt units of the jobs (admission counts them as pending)
+
+    def wants(self, req: ClientRequest) -> bool:
+        return req.tokens is None and prompt_chars(req.submit) > self.off_loop_chars
+
+    def start(self, req: ClientRequest, tokenizer: TextTokenizer) -> None:
+        job = self._pool.submit(prompt_tokens, req.submit, tokenizer, True)
+        self._jobs[(req.client, req.submit.request_id)] = (req, job)
+        self.units += prompt_units(req.submit)
+        job.add_done_callback(self._wake)
+
+    def _wake(self, job: Future[list[int]]) -> None:
+        with contextlib.suppress(OSError):  # closed: the router has stopped
+            os.write(self._write_fd, b"\x01")  # from a pool thread: the loop reads it
+
+    def finished(self) -> Iterator[tuple[ClientRequest, list[int] | BaseException]]:
+        """The jobs done since the last call, in the order they were started, each
+        with its token ids or the exception that ended it."""
+        try:
+            while os.read(self.fd, 4096):
+                pass
+        except BlockingIOError:
+            pass  # drained
+        done = [key for key, (_, job) in self._jobs.items() if job.done()]
+        for key in done:
+            req, job = self._jobs.pop(key)
+            self.units -= prompt_units(req.submit)
+            error = job.exception()
+            yield req, (error if error is not None else job.result())
+
+    def cancel(self, key: Key) -> ClientRequest | None:
+        """Drop the job of ``key``; its request, or None when there is none."""
+        held = self._jobs.pop(key, None)
+        if held is None:
+            return None
+        req, job = held
+        job.cancel()  # not started yet: never runs; running: its result is dropped
+        self.units -= prompt_units(req.submit)
+        return req
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._jobs
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        os.close(self.fd)
+        os.close(self._write_fd)
