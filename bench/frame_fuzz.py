@@ -116,7 +116,7 @@ def blast(addr: str, corpus: list[bytes], n: int, marker: str) -> float:
     """Send ``n`` frames of ``corpus`` in turn, reading replies as they come; returns
     the seconds until the router answered the marker frame sent last (it handles a
     peer's frames in order)."""
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.connect(addr)

@@ -28,7 +28,7 @@ WORDS = ["the", "model", "router", "token", "stream", "worker", "cache", "12345"
 
 
 def _dealer(addr: str) -> zmq.Socket:
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(addr)
     return sock
