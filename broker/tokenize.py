@@ -8,15 +8,18 @@ tokens in hand, when they are ready; requests behind it are routed meanwhile. Th
 tokenizers library releases the GIL while it encodes a batch
 (``TextTokenizer.encode(release_gil=True)``), so the loop runs on during the work.
 
-A finished job writes a byte to a pipe the loop polls with its sockets, so the
-loop wakes for it at once. A cancel while a prompt is tokenized drops the job: its
-result, when it comes, is thrown away.
+A finished job writes a byte to a socket pair the loop polls with its sockets, so
+the loop wakes for it at once (sockets, not a pipe: a router dropped without
+``close``, as tests do, gives their descriptors back when collected). A cancel
+while a prompt is tokenized drops the job: its result, when it comes, is thrown
+away.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -61,8 +64,9 @@ class Tokenizing:
         self._pool = ThreadPoolExecutor(
             threads, thread_name_prefix="tandem-tokenize", initializer=_yield_to_the_loop
         )
-        self.fd, self._write_fd = os.pipe()  # the loop polls ``fd`` with its sockets
-        os.set_blocking(self.fd, False)
+        self.wake, self._waker = socket.socketpair()  # the loop polls ``wake``
+        self.wake.setblocking(False)
+        self._waker.setblocking(False)
         self._jobs: dict[Key, tuple[ClientRequest, Future[list[int]]]] = {}
         self.units = 0  # prompt units of the jobs (admission counts them as pending)
 
@@ -76,17 +80,17 @@ class Tokenizing:
         job.add_done_callback(self._wake)
 
     def _wake(self, job: Future[list[int]]) -> None:
-        with contextlib.suppress(OSError):  # closed: the router has stopped
-            os.write(self._write_fd, b"\x01")  # from a pool thread: the loop reads it
+        # From a pool thread. OSError: closed (the router has stopped), or full (a
+        # byte already waits: the loop will wake).
+        with contextlib.suppress(OSError):
+            self._waker.send(b"\x01")
 
     def finished(self) -> Iterator[tuple[ClientRequest, list[int] | BaseException]]:
         """The jobs done since the last call, in the order they were started, each
         with its token ids or the exception that ended it."""
-        try:
-            while os.read(self.fd, 4096):
+        with contextlib.suppress(BlockingIOError):  # drained
+            while self.wake.recv(4096):
                 pass
-        except BlockingIOError:
-            pass  # drained
         done = [key for key, (_, job) in self._jobs.items() if job.done()]
         for key in done:
             req, job = self._jobs.pop(key)
@@ -112,5 +116,5 @@ class Tokenizing:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-        os.close(self.fd)
-        os.close(self._write_fd)
+        self.wake.close()
+        self._waker.close()

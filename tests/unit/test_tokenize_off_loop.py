@@ -50,7 +50,7 @@ def gated(tmp_path):
 
 def settle(h: Harness) -> None:
     """Wait for the tokenizing jobs to finish, then let the loop take them back."""
-    while len(h.router.tokenizing) and not select.select([h.router.tokenizing.fd], [], [], 10)[0]:
+    while len(h.router.tokenizing) and not select.select([h.router.tokenizing.wake], [], [], 10)[0]:
         pass
     h.router._tokenized()
     h.pump()
