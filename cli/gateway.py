@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from tandem.cli.options import client_addr
+from tandem.cli.options import client_addr, field_option, keys_option
+from tandem.gateway.config import GatewayConfig
 
 
 @click.command()
@@ -39,6 +40,18 @@ from tandem.cli.options import client_addr
     help="Requests in flight through this gateway; beyond, 429.",
 )
 @click.option("--timeout-s", type=float, default=300.0, show_default=True)
+@field_option(
+    GatewayConfig, "header_timeout_s", "A request's headers must arrive this fast, else close."
+)
+@field_option(
+    GatewayConfig, "body_timeout_s", "A request's body must follow its headers this fast."
+)
+@field_option(
+    GatewayConfig,
+    "max_connections_per_client",
+    "Connections one client address may hold (raise it behind a proxy).",
+)
+@keys_option
 @click.option("--access-log/--no-access-log", default=False, show_default=True)
 def gateway(
     router_addr: str,
@@ -49,10 +62,14 @@ def gateway(
     default_max_tokens: int,
     max_concurrent: int,
     timeout_s: float,
+    header_timeout_s: float,
+    body_timeout_s: float,
+    max_connections_per_client: int,
+    keys: str | None,
     access_log: bool,
 ) -> None:
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health)."""
-    from tandem.gateway.config import GatewayConfig
+    from tandem.common.auth import keys_dir
     from tandem.gateway.main import run_gateway
 
     try:
@@ -65,6 +82,10 @@ def gateway(
             default_max_tokens,
             max_concurrent,
             timeout_s,
+            keys=str(keys_dir(keys)) if keys else None,  # a folder without keys: refused now
+            header_timeout_s=header_timeout_s,
+            body_timeout_s=body_timeout_s,
+            max_connections_per_client=max_connections_per_client,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -24,7 +24,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from tandem.cli.options import client_addr
+from tandem.cli.options import client_addr, keys_option
+from tandem.cli.tables import worker_label
 from tandem.common import protocol as p
 
 DECISIONS_SHOWN = 8
@@ -68,7 +69,9 @@ def render(st: p.StatusReply | None, rates: Rates, address: str, error: str = ""
 
 def workers_table(rows: list[dict[str, Any]]) -> Table:
     """Rates read "advertised (priced)" tok/s; decode is at batch 1."""
-    t = Table(title="workers  (rates: advertised (priced) tok/s)", title_justify="left")
+    t = Table(
+        title="workers  (rates: advertised (priced) tok/s; * provisional)", title_justify="left"
+    )
     for col in ("worker", "device", "act", "queue", "infl", "routed", "KV", "blocks"):
         t.add_column(col, justify="left" if col in ("worker", "device") else "right")
     for col in ("prefill", "decode", "seen"):
@@ -76,7 +79,7 @@ def workers_table(rows: list[dict[str, Any]]) -> Table:
     for w in rows:
         cap = w.get("kv_capacity_tokens") or 0
         t.add_row(
-            str(w["id"]),
+            worker_label(w),
             str(w["device"]),
             f"{w['active']}/{w['max_active']}",
             str(w["queued"]),
@@ -124,7 +127,7 @@ def _rate(advertised: float | None, priced: float | None) -> str:
 
 
 @contextlib.contextmanager
-def keys() -> Iterator[Any]:
+def key_reader() -> Iterator[Any]:
     """A function waiting up to ``timeout_s`` for a key (None if none), with the
     terminal in cbreak mode for the duration; without a terminal, it only sleeps."""
     fd = sys.stdin.fileno() if sys.stdin and sys.stdin.isatty() else None
@@ -148,7 +151,8 @@ def keys() -> Iterator[Any]:
 @client_addr
 @click.option("--interval-s", type=float, default=1.0, show_default=True)
 @click.option("--once", is_flag=True, help="Print one frame and exit (no live redraw).")
-def top(router_addr: str, interval_s: float, once: bool) -> None:
+@keys_option
+def top(router_addr: str, interval_s: float, once: bool, keys: str | None) -> None:
     """A live view of the cluster: workers, load, rates, recent routing decisions."""
     from tandem.client import Client, TandemError
 
@@ -165,14 +169,18 @@ def top(router_addr: str, interval_s: float, once: bool) -> None:
         return render(st, rates, router_addr)
 
     console = Console()
-    with Client(router_addr, connect_timeout_s=min(interval_s, 2.0), retries=0) as c:
+    try:
+        client = Client(router_addr, connect_timeout_s=min(interval_s, 2.0), retries=0, keys=keys)
+    except ValueError as exc:  # e.g. not a keys folder
+        raise click.UsageError(str(exc)) from None
+    with client as c:
         if once:
             console.print(frame(c))
             return
         # Ctrl-C may land anywhere (a status call, a redraw): catch it around it all.
         with (
             contextlib.suppress(KeyboardInterrupt),
-            keys() as read_key,
+            key_reader() as read_key,
             Live(frame(c), console=console, screen=True) as live,
         ):
             while read_key(interval_s) not in ("q", "Q"):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import time
 import uuid
@@ -19,7 +18,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -30,7 +29,7 @@ from tandem.common import protocol as p
 from tandem.gateway.config import GatewayConfig
 from tandem.gateway.disconnect import ClientGone, EventStream, unless_disconnected
 from tandem.gateway.errors import EXCEPTION_HANDLERS, ApiError
-from tandem.gateway.parse import Generation, parse_chat, parse_completion
+from tandem.gateway.parse import Generation, read_request
 from tandem.gateway.render import DONE_EVENT, Reply, sse
 
 log = logging.getLogger(__name__)
@@ -54,10 +53,11 @@ class Gateway:
         self._failed: tuple[float, ApiError] | None = None  # the last failed query
 
     async def start(self) -> None:
-        self.client = AsyncClient(self.cfg.router, timeout_s=self.cfg.request_timeout_s)
+        cfg = self.cfg
+        self.client = AsyncClient(cfg.router, timeout_s=cfg.request_timeout_s, keys=cfg.keys)
         # Its own socket with a short timeout: a slow status must not look like a
         # generation timeout, and a dead router must answer 503 quickly.
-        self.status_client = AsyncClient(self.cfg.router, timeout_s=STATUS_TIMEOUT_S)
+        self.status_client = AsyncClient(cfg.router, timeout_s=STATUS_TIMEOUT_S, keys=cfg.keys)
         self._status_lock = asyncio.Lock()
 
     async def stop(self) -> None:
@@ -142,26 +142,31 @@ class Gateway:
         if not hmac.compare_digest(token.encode(), key.encode()):
             raise ApiError(401, "missing or incorrect API key", code="invalid_api_key")
 
-    async def body(self, request: Request) -> Any:
+    async def body(self, request: Request) -> bytes:
+        """The raw body, at most ``max_body_bytes`` (413 beyond); ClientGone when the
+        client leaves (or is closed for being too slow) before it is all in."""
         limit = self.cfg.max_body_bytes
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise ApiError(413, f"request body over {limit} bytes", code="body_too_large")
         raw = bytearray()
-        async for piece in request.stream():
-            raw += piece
-            if len(raw) > limit:
-                raise ApiError(413, f"request body over {limit} bytes", code="body_too_large")
         try:
-            return json.loads(raw)
-        except ValueError:
-            raise ApiError.bad("the request body is not valid JSON") from None
+            async for piece in request.stream():
+                raw += piece
+                if len(raw) > limit:
+                    raise ApiError(413, f"request body over {limit} bytes", code="body_too_large")
+        except ClientDisconnect:
+            raise ClientGone from None
+        return bytes(raw)
 
     # ------------------------------------------------------------ generation
     async def generate(self, request: Request, chat: bool) -> Response:
         self.authorize(request)
-        parse = parse_chat if chat else parse_completion
-        gen = parse(await self.body(request), self.cfg.default_max_tokens)
+        try:
+            raw = await self.body(request)
+        except ClientGone:
+            return Response(status_code=499)
+        gen = read_request(raw, chat, self.cfg.default_max_tokens)
         reply = Reply(chat, uuid.uuid4().hex, await self.served_model(gen.model))
         self.admit()
         try:

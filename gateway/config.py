@@ -17,6 +17,16 @@ class GatewayConfig:
     request_timeout_s: float = 300.0  # silence from the router before a request fails
     status_ttl_s: float = 1.0  # how long a router status answers model / health checks
     max_body_bytes: int = 4 * 1024 * 1024  # larger request bodies get 413
+    keys: str | None = None  # the router's CURVE keys folder (docs/SECURITY.md)
+    # Slow clients (gateway/guard.py): a request's headers must be in this long after
+    # its first byte (or after the connection opens), its body this long after them
+    # (4 MiB in 30 s: 140 KB/s), else the connection is closed.
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    # Connections one client address may hold open (one more gets 429 and a close):
+    # as many as the requests the gateway admits. Behind a proxy every client shares
+    # its address: raise it there.
+    max_connections_per_client: int = 256
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -29,5 +39,9 @@ class GatewayConfig:
             raise ValueError("request_timeout_s must be > 0 and status_ttl_s >= 0")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")
+        if not (self.header_timeout_s > 0 and self.body_timeout_s > 0):
+            raise ValueError("header_timeout_s and body_timeout_s must be > 0")
+        if self.max_connections_per_client < 1:
+            raise ValueError("max_connections_per_client must be >= 1")
         if "://" not in self.router:
             raise ValueError(f"router address {self.router!r} needs a scheme (tcp://, ipc://)")

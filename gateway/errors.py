@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from tandem.client.errors import TandemError
+from tandem.client.errors import HANDSHAKE_REFUSED, TandemError
 from tandem.common import protocol as p
 
 # HTTP status and OpenAI error type for each tandem error code.
@@ -26,6 +26,10 @@ _BY_CODE: dict[str, tuple[int, str]] = {
     p.OVERLOADED: (429, "rate_limit_error"),
     p.NO_WORKERS: (503, "service_unavailable"),
     p.WORKER_LOST: (503, "service_unavailable"),
+    # The router went away mid-request, or refuses this gateway's keys: not the
+    # request's fault, and not a bug in the gateway.
+    p.ROUTER_LOST: (503, "service_unavailable"),
+    HANDSHAKE_REFUSED: (503, "service_unavailable"),
     "timeout": (504, "timeout"),
 }
 _OPENAI_CODE = {p.PROMPT_TOO_LONG: "context_length_exceeded"}

@@ -6,19 +6,45 @@ import logging
 
 import uvicorn
 
+from tandem.client import Client, TandemError
+from tandem.client.errors import HandshakeRefused
 from tandem.gateway.app import build_app
 from tandem.gateway.config import GatewayConfig
+from tandem.gateway.guard import ConnectionLimits, guarded_protocol
 
 log = logging.getLogger(__name__)
+PROBE_S = 2.0  # how long start-up waits for a router that does not answer
+
+
+def refused_by_router(cfg: GatewayConfig) -> str | None:
+    """Why the router refuses this gateway's handshake (its keys), or None. A router
+    that is away or slow is not refused: the gateway starts and /health says 503."""
+    try:
+        with Client(cfg.router, connect_timeout_s=PROBE_S, retries=0, keys=cfg.keys) as c:
+            c.status()
+    except HandshakeRefused as exc:
+        return exc.message
+    except TandemError:
+        pass
+    return None
 
 
 def run_gateway(cfg: GatewayConfig, access_log: bool = False) -> int:
-    """Serve until SIGINT/SIGTERM (uvicorn handles both); 1 when the port cannot be bound."""
+    """Serve until SIGINT/SIGTERM (uvicorn handles both); 1 when the port cannot be
+    bound, 2 when the router refuses the gateway's keys (no request could pass)."""
+    refused = refused_by_router(cfg)
+    if refused is not None:
+        log.error("gateway: %s", refused)
+        return 2
+    limits = ConnectionLimits(
+        cfg.header_timeout_s, cfg.body_timeout_s, cfg.max_connections_per_client
+    )
     server = uvicorn.Server(
         uvicorn.Config(
             build_app(cfg),
             host=cfg.host,
             port=cfg.port,
+            http=guarded_protocol(limits),
             access_log=access_log,
             log_config=None,  # keep the process's logging set-up (tandem --log-level)
             # No keep-alive cap beyond uvicorn's: SDK clients reuse connections.

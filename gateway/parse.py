@@ -9,10 +9,19 @@ or device label to pin the request to).
 
 from __future__ import annotations
 
+import json
+import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
+from tandem.client.errors import BadRequest
+from tandem.client.session import make_submit
 from tandem.gateway.errors import ApiError
+
+log = logging.getLogger(__name__)
+# A JSON escape of a UTF-16 surrogate: the only way a lone one gets into decoded text.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 CHAT_ROLES = {"system", "user", "assistant", "tool", "developer"}
 
@@ -25,6 +34,56 @@ class Generation:
     options: dict[str, Any]  # keyword arguments of tandem.client's make_submit
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with usage
+
+
+def read_request(raw: bytes, chat: bool, default_max_tokens: int) -> Generation:
+    """The one door of a request body: JSON, then its fields, then the Submit the
+    client library will send, checked by that library (client/checks.py). Whatever
+    a body holds, the answer is a Generation or a 400 ApiError naming what is wrong;
+    a failure none of the checks foresaw is still the body's doing, so it is a 400
+    too (and logged, to add the check it shows is missing)."""
+    parse = parse_chat if chat else parse_completion
+    try:
+        gen = parse(decode_json(raw), default_max_tokens)
+        make_submit(request_id="0", **gen.options)
+    except ApiError:
+        raise
+    except BadRequest as exc:
+        raise ApiError.bad(exc.message, _param(exc.field, raw)) from None
+    except Exception as exc:
+        log.warning("a request body no check refused failed to parse", exc_info=True)
+        raise ApiError.bad(f"the request cannot be read: {type(exc).__name__}") from None
+    return gen
+
+
+def decode_json(raw: bytes) -> Any:
+    """The body as JSON, refusing what no field may hold: nesting deeper than Python
+    parses, and lone surrogates (``"\\udcff"``), which no UTF-8 text can carry on."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise ApiError.bad("the request body nests too deeply") from None
+    except ValueError:  # UnicodeDecodeError included: bytes that are not UTF-8
+        raise ApiError.bad("the request body is not valid JSON") from None
+    if _SURROGATE_ESCAPE.search(raw):  # a pair is fine: write it back to find out
+        try:
+            json.dumps(body, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise ApiError.bad(
+                "the request body holds a lone UTF-16 surrogate escape (\\ud800-\\udfff)"
+            ) from None
+    return body
+
+
+def _param(field: str | None, raw: bytes) -> str | None:
+    """The OpenAI field for a Submit field the client library named."""
+    if field is None:
+        return None
+    if field.startswith("tokens"):
+        return "prompt"
+    if field == "max_tokens" and b'"max_completion_tokens"' in raw:
+        return "max_completion_tokens"
+    return field
 
 
 def parse_chat(body: Any, default_max_tokens: int) -> Generation:

@@ -1,0 +1,125 @@
+"""Slow and greedy HTTP clients: deadlines on a request's headers and body, and a cap
+on the connections one client address may hold.
+
+uvicorn closes idle kept-alive connections (``timeout_keep_alive``) and can cap
+concurrency as a whole (``limit_concurrency``, answered once a request is read),
+but nothing bounds how long a request's headers or body take to arrive: a client
+that trickles a byte now and then holds its connection, and a descriptor, for as
+long as it likes (slowloris: 1,100 such connections under a 1,024-descriptor limit
+and every other client was reset).
+
+The guard lives in the HTTP protocol, as a subclass of uvicorn's httptools protocol:
+
+- an ASGI middleware sees a request only once its headers are complete, so it
+  cannot time them, and it never sees connections at all;
+- a byte-level asyncio layer in front of the protocol would have to parse HTTP
+  again (chunked bodies, pipelined requests) to know where headers and a body
+  end, which the parser already knows.
+
+The subclass overrides only asyncio's ``Protocol`` methods and httptools' parser
+callbacks (``on_message_begin``, ``on_headers_complete``, ``on_message_complete``,
+the names httptools calls), each after uvicorn's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from tandem.gateway.errors import ApiError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ConnectionLimits:
+    """The guard's settings, and the connections it counts per client address."""
+
+    header_timeout_s: float
+    body_timeout_s: float
+    max_per_client: int
+    open: Counter[str] = field(default_factory=Counter)
+
+    def refusal(self) -> bytes:
+        """The whole answer to a connection over the cap: 429, then the close."""
+        body = json.dumps(
+            ApiError(
+                429,
+                f"more than {self.max_per_client} connections from your address; "
+                "close some, or reuse them",
+                "rate_limit_error",
+                code="too_many_connections",
+            ).body()
+        ).encode()
+        head = (
+            "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        )
+        return head.encode() + body
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol with ``limits`` applied (uvicorn's ``http=``)."""
+
+    class GuardedHttpProtocol(HttpToolsProtocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._deadline: asyncio.TimerHandle | None = None
+            peer: Any = transport.get_extra_info("peername")
+            address = peer[0] if isinstance(peer, tuple) and peer else None  # none on unix sockets
+            self._counted: str | None = None
+            if address is not None and limits.open[address] >= limits.max_per_client:
+                log.warning("gateway: refused a connection from %s (over the cap)", address)
+                transport.write(limits.refusal())
+                transport.close()
+                return
+            if address is not None:
+                limits.open[address] += 1
+                self._counted = address
+            # A fresh connection owes its first request's headers from now on.
+            self._arm(limits.header_timeout_s, "headers")
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            if self._counted is not None:
+                limits.open[self._counted] -= 1
+                if not limits.open[self._counted]:
+                    del limits.open[self._counted]
+                self._counted = None
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            if self._deadline is None:  # a later request on a kept-alive connection
+                self._arm(limits.header_timeout_s, "headers")
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            self._arm(limits.body_timeout_s, "body")
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._disarm()  # the request is in; its answer may take as long as it takes
+
+        def _arm(self, seconds: float, what: str) -> None:
+            self._disarm()
+            self._deadline = asyncio.get_running_loop().call_later(seconds, self._expire, what)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expire(self, what: str) -> None:
+            self._deadline = None
+            log.info("gateway: closed a connection whose request %s took too long", what)
+            # The app, if it was reading the body, sees the client gone (no answer).
+            self.transport.close()
+
+    return GuardedHttpProtocol
