@@ -118,7 +118,7 @@ class Router:
             self.policy.name,
         )
         poller.register(self._monitor, zmq.POLLIN)
-        poller.register(self.tokenizing.wake, zmq.POLLIN)
+        poller.register(self.tokenizing.fd, zmq.POLLIN)
         client_wake = zmq.Poller()
         client_wake.register(self.client_sock.sock, zmq.POLLIN)
         more, frozen_at = False, -1
@@ -198,7 +198,7 @@ class Router:
             self.expire_workers()  # it walks every worker: not more often than EXPIRE_EVERY_S
             self._expiry_at = now + EXPIRE_EVERY_S
         self._flush()  # whatever expiring workers failed
-        if self.tokenizing and (ready is None or self.tokenizing.wake in ready):
+        if self.tokenizing and (ready is None or self.tokenizing.fd in ready):
             self._tokenized()
         adm = self.cfg.admission
         more = False

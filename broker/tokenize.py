@@ -66,6 +66,7 @@ class Tokenizing:
         )
         self.wake, self._waker = socket.socketpair()  # the loop polls ``wake``
         self.wake.setblocking(False)
+        self.fd = self.wake.fileno()  # zmq.Poller reports a native socket by its descriptor
         self._waker.setblocking(False)
         self._jobs: dict[Key, tuple[ClientRequest, Future[list[int]]]] = {}
         self.units = 0  # prompt units of the jobs (admission counts them as pending)

@@ -107,3 +107,21 @@ def test_a_large_chat_that_cannot_be_formatted_fails_as_on_the_loop(gated):
     settle(h)
     err = h.recv(h.client)
     assert isinstance(err, p.Error) and err.code == p.BAD_REQUEST and err.request_id == "chat"
+
+
+def test_the_serving_loop_wakes_for_a_finished_prompt(tmp_path):
+    """Through ``serve``, not pumped by hand: the loop polls the jobs' wake-up
+    with its sockets and routes the request when its tokens are ready."""
+    h = Harness(tmp_path)
+    h.add_worker("a", RATES)
+    stop = threading.Event()
+    loop = threading.Thread(target=h.router.serve, args=(stop,), daemon=True)
+    loop.start()
+    try:
+        h.client.send(p.Submit("big", prompt=BIG, sampling=p.SamplingParams(4)))
+        assert h.workers["a"].poll(10_000), "the tokenized request was never routed"
+        assert h.assigned("a").tokens == [0]
+    finally:
+        stop.set()
+        loop.join(5)
+    h.close()
