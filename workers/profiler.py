@@ -111,9 +111,17 @@ def _prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
     return [rng.randrange(_FIRST_PROMPT_ID, vocab) for _ in range(n)]
 
 
-def _drain(engine: Engine) -> None:
+def _drain(engine: Engine, until: float | None = None) -> bool:
+    """Step until every request is done; with ``until`` (on the engine's clock), give
+    up what is left at that time (False): a bounded measurement stays bounded."""
     while engine.queue or engine.active:
+        if until is not None and engine.clock() >= until:
+            engine.queue.clear()
+            for req in list(engine.active):
+                engine.finish(req, None, notify=False)  # frees its sequence
+            return False
         engine.step()
+    return True
 
 
 def measure_prefill(
@@ -183,6 +191,7 @@ def warm_up(
     compile_pass: bool = True,
     clock: Callable[[], float] = time.monotonic,
     budget_s: float | None = None,
+    deadline_s: float | None = None,
     prefill_probe: bool = True,
     progress: Callable[[int, int], None] | None = None,
 ) -> WarmUp:
@@ -202,7 +211,9 @@ def warm_up(
     word or a guess.
 
     A quick measurement (``workers.startup``) bounds it: ``budget_s`` (the measuring
-    pass starts no batch size past it), no ``prefill_probe`` (the decode context's
+    pass starts no batch size past it), ``deadline_s`` (it gives up a batch size
+    still running then: on a machine too busy, a few steps can take many seconds),
+    no ``prefill_probe`` (the decode context's
     own prefill chunks give the prefill rate), a short ``context``. ``progress(done,
     total)`` is called after each stage (the prefill, each batch size).
     """
@@ -219,6 +230,7 @@ def warm_up(
         rng = random.Random(0)
         engine, _ = _engine(backend, max_active, step_tokens, clock, cache_tokens=cache)
         started = clock()
+        until = started + deadline_s if deadline_s is not None and n == passes - 1 else None
         if prefill_probe:
             prompt = _prompt(rng, min(step_tokens + 17, backend.n_ctx - 1), backend.vocab_size)
             params = SamplingParams(max_tokens=1, prefill_only=True)
@@ -239,7 +251,8 @@ def warm_up(
             for i in range(b):
                 tail = _prompt(rng, 1 + ragged * i, backend.vocab_size)
                 engine.submit(Request(f"warm-{b}-{i}", [*prefix, *tail], params))
-            _drain(engine)
+            if not _drain(engine, until):
+                break
             done += 1
             _report(progress, done, total)
         for handle in engine.cache.clear():  # the backend keeps nothing of the warm-up

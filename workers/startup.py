@@ -10,7 +10,9 @@ live step model, fed by the steps it serves, takes over:
 - a stored profile (``tandem profile``): registers at once;
 - neither: a quick measurement, ``QUICK_STEPS`` decode steps at each batch size
   of the ladder after a ``QUICK_CONTEXT``-token prompt, the decode context's own
-  prefill giving the prefill rate, no batch size started past ``QUICK_BUDGET_S``.
+  prefill giving the prefill rate, no batch size started past ``QUICK_BUDGET_S``
+  and none left running past ``QUICK_DEADLINE_S`` (a busy machine once took 15 s
+  for the prompt and batch 1 alone).
   It is judged before it is advertised (``workers.sanity``), and its steps are
   not handed to the serving engine: the live model holds served steps only, so
   the router can tell the two apart and check one against the other.
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 QUICK_CONTEXT = 256  # tokens each row decodes after: one prefill chunk of the default budget
 QUICK_STEPS = 4  # decode steps timed per batch size: their median outvotes one stall
 QUICK_BUDGET_S = 3.0  # no batch size is started past this (what is left is priced around it)
+QUICK_DEADLINE_S = 6.0  # a batch size still running then is given up (a machine that busy)
 
 
 class Progress:
@@ -94,7 +97,7 @@ def start_prices(
             warm = warm_up(
                 backend, engine.max_active, engine.step_tokens, context=QUICK_CONTEXT,
                 measure_steps=QUICK_STEPS, compile_pass=False, budget_s=QUICK_BUDGET_S,
-                prefill_probe=False, progress=stage,
+                deadline_s=QUICK_DEADLINE_S, prefill_probe=False, progress=stage,
             )  # fmt: skip
         log.info("measured %s in %.2f s", backend.device, warm.seconds)
     prefill, decode = rates(cfg, backend, warm)

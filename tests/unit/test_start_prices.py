@@ -107,6 +107,25 @@ def test_a_quick_measurement_stops_at_its_budget_and_reports_each_stage() -> Non
     assert len(decode) == 16 and decode == sorted(decode)
 
 
+def test_a_quick_measurement_gives_up_a_batch_size_still_running_at_its_deadline() -> None:
+    class Clock:
+        now = 0.0
+
+    owner = Clock()
+    device = TwinDevice(SimProfile.load("cpu-m2"), owner)
+    stages: list[tuple[int, int]] = []
+    warm = warm_up(device, 4, 256, context=256, measure_steps=4, compile_pass=False,
+                   deadline_s=0.05, prefill_probe=False, progress=lambda *x: stages.append(x),
+                   clock=lambda: owner.now)  # fmt: skip
+    assert stages == []  # the prompt alone outlasted the deadline: nothing was finished
+    assert not warm.stats.model().decode_batch
+    prefill, decode = measured_rates(200.0, [DEFAULT_DECODE_TOK_S], warm, None, 4)
+    assert decode == sorted(decode) and len(decode) == 4  # priced from what it has
+    again = warm_up(device, 4, 256, context=256, measure_steps=4, compile_pass=False,
+                    clock=lambda: owner.now)  # fmt: skip
+    assert {1, 2, 4} <= set(again.stats.model().decode_batch)  # the device was left clean
+
+
 def test_what_a_worker_measures_before_it_registers() -> None:
     auto = WorkerConfig(router="tcp://127.0.0.1:1")
     assert auto.measurement("gpu-cuda", told=True) == "full"  # kernels compile on first shapes
