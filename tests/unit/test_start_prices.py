@@ -11,6 +11,7 @@ import dataclasses
 import io
 import json
 import logging
+from typing import Any
 
 import pytest
 
@@ -90,16 +91,23 @@ def test_a_worker_falls_back_when_its_measurement_contradicts_itself(caplog) -> 
     assert "contradicts itself: not used" in caplog.text
 
 
-def test_a_quick_measurement_stops_at_its_budget_and_reports_each_stage() -> None:
+def quick_on_twin(profile: str, max_active: int, **bounds: float) -> tuple[WarmUp, list, Any]:
+    """A quick measurement of a twin device (virtual clock): it, its stages, the device."""
+
     class Clock:
         now = 0.0
 
     owner = Clock()
-    device = TwinDevice(SimProfile.load("h200-gpu"), owner)
+    device = TwinDevice(SimProfile.load(profile), owner)
     stages: list[tuple[int, int]] = []
-    warm = warm_up(device, 16, 256, context=256, measure_steps=4, compile_pass=False,
-                   budget_s=0.0, prefill_probe=False, progress=lambda *x: stages.append(x),
-                   clock=lambda: owner.now)  # fmt: skip
+    warm = warm_up(device, max_active, 256, context=256, measure_steps=4, compile_pass=False,
+                   prefill_probe=False, progress=lambda *x: stages.append(x),
+                   clock=lambda: owner.now, **bounds)  # fmt: skip
+    return warm, stages, device
+
+
+def test_a_quick_measurement_stops_at_its_budget_and_reports_each_stage() -> None:
+    warm, stages, _ = quick_on_twin("h200-gpu", 16, budget_s=0.0)
     assert stages == [(1, 5)]  # sizes 1, 2, 4, 8, 16: the budget ended it after the first
     assert warm.stats.model().decode_batch == (1,)
     assert warm.stats.model().prefill_chunk  # the context's own prefill gave the rate
@@ -108,21 +116,13 @@ def test_a_quick_measurement_stops_at_its_budget_and_reports_each_stage() -> Non
 
 
 def test_a_quick_measurement_gives_up_a_batch_size_still_running_at_its_deadline() -> None:
-    class Clock:
-        now = 0.0
-
-    owner = Clock()
-    device = TwinDevice(SimProfile.load("cpu-m2"), owner)
-    stages: list[tuple[int, int]] = []
-    warm = warm_up(device, 4, 256, context=256, measure_steps=4, compile_pass=False,
-                   deadline_s=0.05, prefill_probe=False, progress=lambda *x: stages.append(x),
-                   clock=lambda: owner.now)  # fmt: skip
+    warm, stages, device = quick_on_twin("cpu-m2", 4, deadline_s=0.05)
     assert stages == []  # the prompt alone outlasted the deadline: nothing was finished
     assert not warm.stats.model().decode_batch
     prefill, decode = measured_rates(200.0, [DEFAULT_DECODE_TOK_S], warm, None, 4)
     assert decode == sorted(decode) and len(decode) == 4  # priced from what it has
     again = warm_up(device, 4, 256, context=256, measure_steps=4, compile_pass=False,
-                    clock=lambda: owner.now)  # fmt: skip
+                    clock=lambda: device.owner.now)  # fmt: skip
     assert {1, 2, 4} <= set(again.stats.model().decode_batch)  # the device was left clean
 
 
