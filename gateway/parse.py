@@ -152,7 +152,7 @@ def _object(body: Any) -> dict[str, Any]:
 
 def _message(m: Any, i: int) -> dict[str, str]:
     param = f"messages[{i}]"
-    if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES:
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m["role"] not in CHAT_ROLES:
         raise ApiError.bad(f"each message needs a role in {sorted(CHAT_ROLES)}", param)
     # OpenAI's newer "developer" role is what chat templates call "system".
     role = "system" if m["role"] == "developer" else m["role"]

@@ -151,15 +151,14 @@ MESSAGE = st.fixed_dictionaries(
     optional={"content": VALUES | st.lists(st.fixed_dictionaries({"type": st.just("text"),
                                                                    "text": VALUES}))},
 )  # fmt: skip
-BODIES = st.dictionaries(
-    st.sampled_from(FIELDS) | TEXTS,
-    VALUES,
-    max_size=8,
-).flatmap(
-    lambda b: st.fixed_dictionaries(
-        {"messages": st.lists(MESSAGE, max_size=3), "prompt": VALUES | st.just("hi")}
-    ).map(lambda extra: {**extra, **b})
-) | VALUES  # fmt: skip
+# Bodies near valid ones (the messages or prompt right, each other field a plausible
+# value or anything), bodies of random fields, and any JSON value at all.
+PLAUSIBLE = st.integers(-2, 64) | st.floats(0, 2) | st.booleans() | st.none() | VALUES
+NEAR_VALID = st.fixed_dictionaries(
+    {"messages": st.just(MSGS) | st.lists(MESSAGE, max_size=3), "prompt": st.just("hi") | VALUES},
+    optional={name: PLAUSIBLE for name in FIELDS if name not in ("messages", "prompt")},
+)
+BODIES = NEAR_VALID | st.dictionaries(st.sampled_from(FIELDS) | TEXTS, VALUES, max_size=8) | VALUES
 
 
 def encode(body: Any, how: int) -> bytes:
