@@ -1,6 +1,7 @@
 """The decision log: one JSON line per routing decision, with every candidate's terms.
 
-A record: ``time`` (unix seconds), ``request`` (the client's id), ``prompt_tokens``,
+A record: ``time`` (unix seconds, stamped as the log writes it), ``request`` (the
+client's id), ``prompt_tokens``,
 ``max_tokens`` (the decode estimate the policy saw), ``policy``, ``candidates``
 (per worker: ``id``, ``device``, ``active``, ``queued``, ``cached_tokens`` of this
 prompt, phase_cost's ``P`` and ``D`` tokens, ``prefill_rate``, ``decode_rate`` at
@@ -61,7 +62,6 @@ def decision_record(
             candidate["pruned"] = True
         candidates.append(candidate)
     record: dict[str, Any] = {
-        "time": time.time(),
         "request": request_id,
         "prompt_tokens": req.prompt_tokens,
         "max_tokens": req.max_tokens,
@@ -82,7 +82,10 @@ class DecisionLog:
         self._f: IO[str] = open(path, "a", buffering=1)  # noqa: SIM115 - lives with the router
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append one record (built by ``decision_record``)."""
+        """Append one record (built by ``decision_record``), stamped with the time it
+        is written at unless it carries one."""
+        if "time" not in record:
+            record = {"time": time.time(), **record}
         self._f.write(json.dumps(record) + "\n")
 
     def close(self) -> None:

@@ -32,7 +32,7 @@ def run_router(cfg: RouterConfig, stop: threading.Event | None = None) -> int:
         return 1
     if cfg.metrics_port is not None:
         try:
-            router.metrics.serve(cfg.metrics_port, cfg.metrics_host)
+            router.core.metrics.serve(cfg.metrics_port, cfg.metrics_host)
         except OSError as exc:
             log.error("cannot serve metrics on port %d: %s", cfg.metrics_port, exc)
             return 1

@@ -232,8 +232,10 @@ class WorkerState:
             and max_tokens <= self.info.max_tokens_limit
         )
 
-    def describe(self, live: bool = True) -> dict[str, Any]:
-        """One row of `tandem status`: the profile, the live model, what routing prices."""
+    def describe(self, live: bool = True, now: float | None = None) -> dict[str, Any]:
+        """One row of `tandem status`: the profile, the live model, what routing prices
+        (``now``: the router's clock; None reads the monotonic clock)."""
+        now = time.monotonic() if now is None else now
         hb = self.heartbeat
         rates = self.rates(live)
         return {
@@ -262,7 +264,7 @@ class WorkerState:
             "priced_prefill_tok_s": round(rates.prefill_tok_s, 2),
             "priced_decode_tok_s": [round(x, 2) for x in rates.decode_tok_s],
             "profile_repaired": list(rates.repaired),
-            "last_seen_s": round(time.monotonic() - self.last_seen, 3),
+            "last_seen_s": round(now - self.last_seen, 3),
             "requests": [dataclasses.asdict(r) for r in hb.active + hb.queued] if hb else [],
         }
 

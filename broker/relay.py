@@ -3,10 +3,10 @@
 A worker sends one delta per request per step. When the router falls behind,
 several of a request's deltas wait in its socket at once; relaying each costs the
 router (and the client) per message. The router instead collects a request's
-deltas while it drains the worker socket and queues them as one TokenDelta at the
-end of the drain, or at once before anything that must follow them (the
-request's Done or Error); the drain's end then sends each client one frame
-(broker/router.py, ``_flush``). A drain reads only what is already queued, so a
+deltas while it drains the worker socket and owes them as one TokenDelta at the
+end of the drain (``RouterCore.drained``), or at once before anything that must
+follow them (the request's Done or Error); the drain's end then sends each client
+one frame (broker/router.py, ``_flush``). A drain reads only what is already queued, so a
 delta waits for no new input: at low load it leaves as soon as it arrives.
 """
 

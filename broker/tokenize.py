@@ -119,3 +119,28 @@ class Tokenizing:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.wake.close()
         self._waker.close()
+
+
+class Inline:
+    """No tokenizing beside the loop: every prompt is tokenized as it is routed (for a
+    driver without threads, such as the twin or a core pumped by hand)."""
+
+    units = 0
+
+    def wants(self, req: ClientRequest) -> bool:
+        return False
+
+    def start(self, req: ClientRequest, tokenizer: TextTokenizer) -> None:
+        raise RuntimeError("nothing is tokenized beside the loop")  # wants() said no
+
+    def finished(self) -> Iterator[tuple[ClientRequest, list[int] | BaseException]]:
+        return iter(())
+
+    def cancel(self, key: Key) -> ClientRequest | None:
+        return None
+
+    def __contains__(self, key: object) -> bool:
+        return False
+
+    def __len__(self) -> int:
+        return 0

@@ -1,8 +1,9 @@
 """Helpers shared by every test layer: markers, worker arguments, fakes, references.
 
 - ``needs_llama`` / ``LLAMA_ARGS``: real llama.cpp workers on a 2-core machine.
-- ``tiny_tokenizer`` / ``Harness``: a Router in-process on inproc:// sockets, pumped
-  by hand, with fake workers and a fake client (no threads, no timing, no model).
+- ``tiny_tokenizer`` / ``Harness``: the live router's loop (broker/router.py) on
+  inproc:// sockets, pumped by hand through its public steps, with fake workers and a
+  fake client (no serving thread, no timing, no model); ``h.core`` is its RouterCore.
 - ``FakeBackend``: a fake model backend for engine tests: deterministic tokens,
   counted work. Not a simulated device (that is ``workers/backends/sim.py``): it
   has no timing at all, it only records what the engine asked it to compute.
@@ -50,6 +51,15 @@ def tiny_tokenizer() -> dict[str, Any]:
     return TokenizerSpec(tok.to_str(), None, (0,), None, False).to_wire()
 
 
+def fake_ready(
+    wid: str, rates: tuple[float, list[float]], max_active: int, spec: dict[str, Any]
+) -> p.Ready:
+    """The Ready of a fake worker: a sim device, prefill and decode ``rates``, 8192
+    tokens of context, blocks of 16, a heartbeat every 0.5 s, tokenizer ``spec``."""
+    return p.Ready(wid, "sim", f"sim-{wid}", "m.gguf", max_active, 8192, 16, rates[0],
+                   rates[1], 0.5, spec)  # fmt: skip
+
+
 class Harness:
     """A Router on inproc sockets plus fake workers and one fake client."""
 
@@ -60,6 +70,7 @@ class Harness:
         cfg.setdefault("accept_hold_ms", 0.0)  # pumped by hand: no clock to wait on
         cfg.setdefault("decision_log", str(self.log_path))  # None: a router that logs none
         self.router = Router(RouterConfig(addresses=addrs, policy=policy, **cfg))
+        self.core = self.router.core
         self.client = DealerSocket(addrs.client)
         self.workers: dict[str, DealerSocket] = {}
         self.spec = tiny_tokenizer()
@@ -68,14 +79,12 @@ class Harness:
         r = self.router
         for _ in range(3):  # messages can trigger replies that trigger messages
             r.drain_workers()
-            r._drain(r.client_sock, r.on_client)
+            r.drain_clients()
             r.dispatch_pending()
 
     def add_worker(self, wid: str, rates: tuple[float, list[float]], max_active: int = 4) -> None:
         sock = DealerSocket(self.router.worker_sock.address, identity=wid.encode())
-        ready = p.Ready(wid, "sim", f"sim-{wid}", "m.gguf", max_active, 8192, 16, rates[0],
-                        rates[1], 0.5, self.spec)  # fmt: skip
-        sock.send(ready)
+        sock.send(fake_ready(wid, rates, max_active, self.spec))
         self.pump()
         assert isinstance(self.recv(sock), p.Welcome)
         self.workers[wid] = sock
@@ -105,7 +114,7 @@ class Harness:
         self.pump()
 
     def view(self, wid: str, tokens: list[int], live: bool = True) -> WorkerView:
-        return self.router.workers[wid].view(tokens, live)
+        return self.core.workers[wid].view(tokens, live)
 
     def decisions(self) -> list[dict[str, Any]]:
         return [json.loads(x) for x in self.log_path.read_text().splitlines()]
@@ -113,10 +122,7 @@ class Harness:
     def close(self) -> None:
         for sock in [self.client, *self.workers.values()]:
             sock.close()
-        self.router.client_sock.close()
-        self.router.worker_sock.close()
-        if self.router.decisions:
-            self.router.decisions.close()
+        self.router.close()
 
 
 class FakeBackend:

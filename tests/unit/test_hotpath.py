@@ -120,14 +120,14 @@ def test_spec_travels_only_when_the_router_lacks_it(h: Harness) -> None:
     h.pump()
     assert isinstance(h.recv(h.workers["a"]), p.Welcome)
     assert isinstance(_register(h, _ready(h, "b", with_spec=False)), p.Welcome)
-    assert h.router.tokenizer is not None
-    assert all(w.info.tokenizer == {} for w in h.router.workers.values())  # none kept per worker
+    assert h.core.tokenizer is not None
+    assert all(w.info.tokenizer == {} for w in h.core.workers.values())  # none kept per worker
 
 
 def test_a_spec_that_does_not_match_its_hash_is_refused(h: Harness) -> None:
     reply = _register(h, _ready(h, "a", with_spec=True, spec_hash="0" * 32))
     assert isinstance(reply, p.Error) and "tokenizer_hash" in reply.message
-    assert not h.router.workers
+    assert not h.core.workers
 
 
 # ------------------------------------------------------------ cached views
@@ -142,17 +142,17 @@ def test_cached_views_equal_views_built_from_scratch(tmp_path: Path) -> None:
             tokens = rng.choice(PREFIXES)[: rng.randrange(20, 160)] + [1, 2, 3]
             blocks = PromptBlocks(tokens)
             expected = []
-            for w in h.router.workers.values():
-                fresh = h.router.calibration.adjust(w.view(tokens))
-                cached = h.router.views.view(w, blocks)
+            for w in h.core.workers.values():
+                fresh = h.core.calibration.adjust(w.view(tokens))
+                cached = h.core.views.view(w, blocks)
                 assert cached == fresh
                 assert cached.backlog == dataclasses.replace(fresh).backlog
                 if len(w.inflight) < w.inflight_cap and w.fits(len(tokens), 8):
                     expected.append(fresh)
             # The router's one pass: the same views, of the workers with room it fits.
-            workers = h.router.workers.values()
+            workers = h.core.workers.values()
             assert (
-                h.router.views.candidates(workers, PromptBlocks(tokens), len(tokens), 8) == expected
+                h.core.views.candidates(workers, PromptBlocks(tokens), len(tokens), 8) == expected
             )
     finally:
         h.close()
@@ -233,7 +233,7 @@ def test_the_pending_queue_keeps_its_keys_and_units_as_it_changes() -> None:
 # ------------------------------------------------------------ repeated heartbeats
 def test_a_repeated_heartbeat_only_says_the_worker_is_alive(h: Harness) -> None:
     h.add_worker("a", RATES)
-    w = h.router.workers["a"]
+    w = h.core.workers["a"]
     hb = p.Heartbeat("a", 3, [], [], 0, 8192, {"full": True, "seq": 1, "blocks": [11, 12]})
     h.workers["a"].send(hb)
     h.pump()
@@ -248,7 +248,7 @@ def test_a_repeated_heartbeat_only_says_the_worker_is_alive(h: Harness) -> None:
     assert w.version > version and w.cache.held == {11}
     h.workers["a"].send(p.Goodbye("a"))  # gone: its last frame is forgotten with it
     h.pump()
-    assert b"a" not in h.router._hb_frames
+    assert b"a" not in h.core._hb_frames
 
 
 def test_a_forced_policy_waits_for_its_full_worker_rather_than_use_another(
@@ -324,7 +324,7 @@ def test_a_batch_past_the_size_bound_is_split_in_order(h: Harness) -> None:
     assert who == b"nobody" and lost == msgs
     sock = DealerSocket(h.router.client_sock.address, identity=b"peer")
     sock.send(p.Hello())
-    h.router._drain(h.router.client_sock, h.router.on_client)
+    h.router.drain_clients()
     assert isinstance(h.recv(sock), p.Welcome)
     for m in msgs:
         h.router.client_sock.queue(b"peer", m)
@@ -346,9 +346,9 @@ def test_assigns_that_cannot_leave_put_their_requests_back_in_the_queue(
             break
     h.client.send(p.Submit("r1", tokens=[1, 2, 3], sampling=p.SamplingParams(4)))
     h.pump()
-    assert "a" not in h.router.workers and "unreachable" in caplog.text
-    assert [r.submit.request_id for r in h.router.pending] == ["r1"]
-    assert not h.router.requests and not h.router.pending[0].lost_on  # not a reroute
+    assert "a" not in h.core.workers and "unreachable" in caplog.text
+    assert [r.submit.request_id for r in h.core.pending] == ["r1"]
+    assert not h.core.requests and not h.core.pending[0].lost_on  # not a reroute
     h.add_worker("b", RATES)
     assert h.assigned("b").tokens == [1, 2, 3]
     accepted = [m for m in _client_msgs(h) if isinstance(m, p.Accepted)]
@@ -364,9 +364,9 @@ def test_a_client_that_left_has_its_requests_cancelled_at_the_worker(h: Harness)
         time.sleep(0.01)
         h.workers["a"].send(p.TokenDelta(wid, [i], "x"))
         h.pump()
-        if not h.router.requests:
+        if not h.core.requests:
             break
-    assert not h.router.requests
+    assert not h.core.requests
     assert h.recv(h.workers["a"]) == p.Cancel(wid)
     h.client = DealerSocket(h.router.client_sock.address)  # for the harness's close
 
@@ -377,7 +377,7 @@ def test_a_client_may_not_send_a_batch(h: Harness) -> None:
     h.pump()
     (reply,) = _client_msgs(h)
     assert isinstance(reply, p.Error) and reply.code == p.BAD_REQUEST and "batch" in reply.message
-    assert not h.router.requests and not h.router.pending
+    assert not h.core.requests and not h.core.pending
     h.submit("r2", [1, 2, 3])  # still serving
 
 
@@ -395,7 +395,7 @@ def test_a_worker_batch_is_handled_entry_by_entry_and_a_bad_entry_refused(h: Har
     assert isinstance(err, p.Error) and err.request_id == wid2 and "token id" in err.message
     got = [(type(m).__name__, m.request_id) for m in _client_msgs(h)]
     assert got == [("TokenDelta", "r1"), ("Done", "r1"), ("TokenDelta", "r2")]
-    assert h.router.requests[wid2].output_ids == [20, 21]
+    assert h.core.requests[wid2].output_ids == [20, 21]
 
 
 def test_tokens_for_another_workers_request_or_an_unknown_one_are_not_relayed(
@@ -408,22 +408,22 @@ def test_tokens_for_another_workers_request_or_an_unknown_one_are_not_relayed(
     h.pump()
     got = {m.request_id: (m.token_ids, m.text) for m in _client_msgs(h)}
     assert got == {"r1": ([10], "z"), "r2": ([20], "x")}
-    assert h.router.requests[wid1].output_ids == [10]
-    assert h.router.metrics.totals["tokens_relayed"] == 2
+    assert h.core.requests[wid1].output_ids == [10]
+    assert h.core.metrics.totals["tokens_relayed"] == 2
 
 
 def test_a_bug_on_one_batch_entry_does_not_lose_the_others(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     wid1, wid2 = _two_requests_on_a(h)
-    relay = h.router.relay
+    relay = h.core.relay
 
-    def flaky(w, msg):  # noqa: ANN001, ANN202 - the router's own signature
+    def flaky(w, msg, now):  # noqa: ANN001, ANN202 - the core's own signature
         if msg.request_id == wid1:
             raise RuntimeError("a bug")
-        return relay(w, msg)
+        return relay(w, msg, now)
 
-    monkeypatch.setattr(h.router, "relay", flaky)
+    monkeypatch.setattr(h.core, "relay", flaky)
     done = [p.Done(wid, p.FinishReason.LENGTH, {"output_tokens": 0}) for wid in (wid1, wid2)]
     h.workers["a"].sock.send(p.encode_batch(done))
     h.pump()
@@ -463,8 +463,8 @@ def test_a_lone_worker_with_room_is_chosen_without_building_its_view(tmp_path: P
     try:
         h.add_worker("a", RATES)
         h.add_worker("b", RATES)
-        a, b = h.router.workers["a"], h.router.workers["b"]
-        views, workers = h.router.views, h.router.workers.values()
+        a, b = h.core.workers["a"], h.core.workers["b"]
+        views, workers = h.core.views, h.core.workers.values()
 
         def lone(prompt: int) -> object:
             views.refresh(workers)
@@ -480,13 +480,13 @@ def test_a_lone_worker_with_room_is_chosen_without_building_its_view(tmp_path: P
         assert a.view_entry is None and b.view_entry is None  # no view was ever built
         (chosen,) = views.candidates(workers, PromptBlocks(list(range(1, 40))), 39, 8)
         assert chosen.id == "a" and chosen.n_requests == 3
-        routed = h.router.metrics.recent[-1]
+        routed = h.core.metrics.recent[-1]
         assert routed[2:5] == ("a", "finish_time", 1)  # worker, policy, candidates
         b.inflight_cap, b.version = 100, b.version + 1
         assert lone(40) is None
         h.submit("r3", list(range(1, 40)))  # both have room: b (idle) finishes it first
         h.assigned("b")
-        assert h.router.metrics.recent[-1][2:5] == ("b", "finish_time", 2)
+        assert h.core.metrics.recent[-1][2:5] == ("b", "finish_time", 2)
     finally:
         h.close()
 
@@ -498,11 +498,11 @@ def test_a_request_only_some_workers_fit_is_offered_to_those(h: Harness) -> None
     assert isinstance(_register(h, spec), p.Welcome)
     small = dataclasses.replace(spec, worker_id="small", n_ctx=256, max_tokens_limit=64)
     assert isinstance(_register(h, small), p.Welcome)
-    workers = h.router.workers.values()
+    workers = h.core.workers.values()
 
     def offered(prompt: int, budget: int) -> set[str]:
         tokens = list(range(1, prompt + 1))
-        views = h.router.views.candidates(workers, PromptBlocks(tokens), prompt, budget)
+        views = h.core.views.candidates(workers, PromptBlocks(tokens), prompt, budget)
         return {v.id for v in views}
 
     assert offered(100, 32) == {"big", "small"}  # fits both: the fast path

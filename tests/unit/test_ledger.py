@@ -146,7 +146,7 @@ def test_relayed_tokens_and_done_reconcile_with_heartbeats(h: Harness) -> None:
     h.pump()
     # Finished: gone, even though the last heartbeat still lists it.
     v = h.view("a", prompt(1))
-    assert v.active == () and v.queued == () and h.router.workers["a"].inflight == {}
+    assert v.active == () and v.queued == () and h.core.workers["a"].inflight == {}
 
 
 def test_router_options_reach_log_and_status(make: Callable[..., Harness]) -> None:
@@ -193,7 +193,7 @@ def test_a_lost_worker_s_requests_move_on_in_order_streams_after_their_output(
     assert isinstance(h.recv(h.client), p.TokenDelta)  # "seen" showed the client a token
     h.workers["a"].send(p.Goodbye("a"))
     h.pump()
-    assert [r.submit.request_id for r in h.router.pending] == ["seen", "unseen-1", "unseen-2"]
+    assert [r.submit.request_id for r in h.core.pending] == ["seen", "unseen-1", "unseen-2"]
     assert not h.client.poll(50)  # they wait for a worker instead of failing
     h.client.send(p.StatusQuery())
     h.pump()
@@ -238,7 +238,7 @@ def test_an_outlier_profile_point_is_priced_like_the_clean_profile(make) -> None
     profile does (the issue's bar: within 2 requests)."""
     outlier = make()
     on_gpu = burst_on_gpu(outlier, H200_GPU_OUTLIER)
-    assert outlier.router.workers["gpu"].rates().repaired == (2,)
+    assert outlier.core.workers["gpu"].rates().repaired == (2,)
     assert 180 < outlier.view("gpu", prompt(0)).decode_rates[1] < 332
     clean = burst_on_gpu(make(), H200_GPU_CLEAN)
     assert abs(on_gpu - clean) <= 2 and on_gpu > 24
@@ -324,7 +324,7 @@ def test_a_finished_prompt_is_cached_there_before_any_heartbeat_says_so(h: Harne
     assert h.view("a", prompt).cached_tokens == 48
     h.heartbeat("a", 1, blocks=[])  # a report sent before the Done changes nothing yet
     assert h.view("a", prompt).cached_tokens == 48
-    h.router.workers["a"].cache.expire(float("inf"))  # two periods on, reports decide
+    h.core.workers["a"].cache.expire(float("inf"))  # two periods on, reports decide
     assert h.view("a", prompt).cached_tokens == 0
 
 
@@ -333,7 +333,7 @@ def test_a_worker_s_view_is_built_with_every_field(h: Harness) -> None:
     still equal the ones ``__init__`` makes, field for field."""
     h.add_worker("a", (100.0, [50.0]))
     h.submit("r0", prompt(0))
-    w = h.router.workers["a"]
+    w = h.core.workers["a"]
     for view in (w.base_view(), w.view(prompt(1))):
         names = {f.name for f in dataclasses.fields(WorkerView)}
         assert names <= view.__dict__.keys()

@@ -98,7 +98,7 @@ def pinned_to_a(h: Harness) -> str:
 
 def test_tokens_from_a_worker_that_does_not_own_the_request_are_dropped(h: Harness) -> None:
     wid = pinned_to_a(h)
-    assert wid.startswith(h.router.ids.epoch + ".")
+    assert wid.startswith(h.core.ids.epoch + ".")
     h.workers["b"].send(p.TokenDelta(wid, [9], "forged"))
     h.workers["b"].send(p.Done(wid, p.FinishReason.LENGTH, {}))
     h.pump()
@@ -116,7 +116,7 @@ def test_a_live_worker_id_cannot_be_taken_by_another_connection(h: Harness) -> N
     thief.send(ready(worker_id="a", model="m.gguf", tokenizer=h.spec))
     h.pump()
     assert not thief.poll(50)  # ignored: no Welcome, no eviction
-    assert h.router.workers["a"].identity == b"a"
+    assert h.core.workers["a"].identity == b"a"
     thief.close()
 
 
@@ -130,7 +130,7 @@ def test_past_the_pending_bound_a_submit_is_overloaded_with_a_retry_hint(tmp_pat
         err = h.recv(h.client)
         assert isinstance(err, p.Error) and (err.code, err.request_id) == (p.OVERLOADED, "r2")
         assert err.retry_after_s and err.retry_after_s > 0
-        assert len(h.router.pending) == 2
+        assert len(h.core.pending) == 2
     finally:
         h.close()
 
@@ -142,7 +142,7 @@ def test_a_worker_at_its_inflight_cap_leaves_requests_waiting_in_order(tmp_path:
         h.submit("r0", [1, 2, 3])
         h.client.send(p.Submit("r1", tokens=[4, 5, 6]))
         h.pump()
-        assert not h.client.poll(50) and [r.submit.request_id for r in h.router.pending] == ["r1"]
+        assert not h.client.poll(50) and [r.submit.request_id for r in h.core.pending] == ["r1"]
         first = h.assigned("a")
         h.workers["a"].send(p.Done(first.request_id, p.FinishReason.LENGTH, {}))
         h.pump()
@@ -280,13 +280,13 @@ def test_worker_frames_waiting_in_the_socket_are_read_before_anything_expires(
 ) -> None:
     h.add_worker("a", FAST)
     h.add_worker("b", FAST)
-    for w in h.router.workers.values():
+    for w in h.core.workers.values():
         w.last_seen -= 100.0  # as if a long loop turn had kept the router away
     cache = {"full": True, "seq": 1, "blocks": []}
     h.workers["a"].send(p.Heartbeat("a", 1, [], [], 0, 8192, cache))
     assert h.router.worker_sock.sock.poll(1000)
     h.router.turn()
-    assert sorted(h.router.workers) == ["a"]  # a's waiting heartbeat counted; b was silent
+    assert sorted(h.core.workers) == ["a"]  # a's waiting heartbeat counted; b was silent
 
 
 @pytest.mark.parametrize("use_async", [False, True])

@@ -14,7 +14,7 @@ RATES = (100.0, [50.0, 80.0])
 
 
 def value(h: Harness, name: str, **labels: str) -> float | None:
-    return h.router.metrics.registry.get_sample_value(name, labels)
+    return h.core.metrics.registry.get_sample_value(name, labels)
 
 
 def test_a_request_moves_every_counter_once(h: Harness) -> None:
@@ -85,7 +85,7 @@ def test_a_wide_worker_exports_a_bounded_rate_table(h: Harness) -> None:
     h.heartbeat("a", 2)  # unchanged rates: nothing is set again, nothing is lost
     samples = [
         s
-        for m in h.router.metrics.registry.collect()
+        for m in h.core.metrics.registry.collect()
         if m.name == "tandem_worker_decode_tokens_per_second"
         for s in m.samples
         if s.labels["worker"] == "a" and s.labels["source"] == "priced"

@@ -78,13 +78,13 @@ def test_the_router_polls_first_and_keeps_polling_only_while_it_catches(tmp_path
         h.client.send(p.StatusQuery())  # input waiting: the poll catches it at once
         assert r.client_sock.sock in r._wait(poller)
         assert r.spin.window_s == r.spin.max_s
-        r._drain(r.client_sock, r.on_client)
+        r.drain_clients()
         assert r._wait(poller) == {}  # nothing comes: polled 2 ms, then slept 100
         assert r.spin.window_s == 0
         h.client.send(p.StatusQuery())  # a client's frame soon after: the next wait probes
         assert r.client_sock.sock in r._wait(poller)
         assert r.spin.window_s == 0  # not yet: a failed probe waits one wait first
-        r._drain(r.client_sock, r.on_client)
+        r.drain_clients()
         h.client.send(p.StatusQuery())
         r._wait(poller)
         assert r.spin.window_s == r.spin.max_s

@@ -41,7 +41,7 @@ class Gated:
 def gated(tmp_path):
     h = Harness(tmp_path)
     h.add_worker("a", RATES)
-    gate = h.router.tokenizer = Gated(h.router.tokenizer)
+    gate = h.core.tokenizer = Gated(h.core.tokenizer)
     yield h, gate
     gate.go.set()
     h.router.tokenizing.close()
@@ -52,7 +52,7 @@ def settle(h: Harness) -> None:
     """Wait for the tokenizing jobs to finish, then let the loop take them back."""
     while len(h.router.tokenizing) and not select.select([h.router.tokenizing.wake], [], [], 10)[0]:
         pass
-    h.router._tokenized()
+    h.core.tokenized()
     h.pump()
 
 
@@ -81,7 +81,7 @@ def test_a_cancel_during_tokenization_ends_the_request_and_its_tokens_are_droppe
     gate.go.set()
     settle(h)
     assert not h.workers["a"].poll(200), "a cancelled request was assigned"
-    assert not h.router.pending and not h.router.requests
+    assert not h.core.pending and not h.core.requests
     # The id is free again: the same request can be sent anew.
     h.client.send(p.Submit("big", prompt="t3", sampling=p.SamplingParams(4)))
     h.pump()

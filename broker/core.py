@@ -1,0 +1,120 @@
+"""The router's decisions, sans-IO: events in, each with its time; messages out.
+
+``RouterCore`` is everything the router decides — who is registered, what each
+worker holds, which worker gets a request, what each peer is owed — and nothing
+of how frames move: no socket, no clock, no thread. Each event carries ``now``:
+
+- from clients: ``client(identity, msg, now)`` (Hello, Submit, Cancel,
+  StatusQuery, or a refused frame);
+- from workers: ``worker(identity, msg, now)`` (Ready, Heartbeat, tokens, Done,
+  Error, Goodbye, batches of these), ``repeated_heartbeat`` (a frame byte for
+  byte the last heartbeat), ``drained()`` after a run of frames read together;
+- from the driver: ``dispatch(now)`` (route what waits), ``tick(now)`` (liveness),
+  ``disconnected`` / ``probe`` (a connection closed), ``tokenized()`` (prompts
+  done beside the loop), ``release_accepts(now)``, and what could not be
+  delivered (``assigns_lost``, ``client_gone``).
+
+What the router owes its peers collects in ``out`` (broker/outgoing.py) as
+(peer, messages) and decision records; ``settle()`` runs the metrics hooks once
+the driver has sent them. Three drivers run this one core: the live loop
+(broker/router.py, ZeroMQ sockets and the monotonic clock), the twin (twin/loop.py,
+a virtual clock) and the router bench (bench/router_state.py); the tests drive
+the live loop over inproc sockets (tests/helpers.py) and the core directly.
+"""
+
+from __future__ import annotations
+
+from tandem.broker.admission import prompt_units
+from tandem.broker.requests import ClientRequest, validate_submit
+from tandem.common import protocol as p
+
+# Relative: mypy checks broker/ as files, and sees the core's base classes (so the
+# attributes they declare) only through an import it can follow.
+from .membership import Membership
+from .routing import Routing
+
+
+class RouterCore(Membership, Routing):
+    """The router's state and decisions; see the module docstring."""
+
+    def client(self, identity: bytes, msg: p.Message | p.ProtocolError, now: float) -> None:
+        """A message from the client connected as ``identity``, handled at ``now``."""
+        reply = self.out.to_client
+        if isinstance(msg, p.ProtocolError):
+            self.refusals.refused(msg.reason, "rejected client frame (%s): %s", msg.reason,
+                                  msg.message)  # fmt: skip
+            self.metrics.on_rejected("client", msg.reason)
+            reply(identity, p.Error(msg.code, msg.message, msg.request_id))
+        elif isinstance(msg, p.Hello):
+            reply(identity, self._welcome())
+        elif isinstance(msg, p.Submit):
+            self.submit(identity, msg, now)
+        elif isinstance(msg, p.Cancel):
+            self.cancel(identity, msg.request_id)
+        elif isinstance(msg, p.StatusQuery):
+            reply(identity, self.status(now))
+        else:
+            reply(identity, p.Error(p.BAD_REQUEST, f"clients may not send {msg.TYPE!r}"))
+
+    def status(self, now: float) -> p.StatusReply:
+        live = self.cfg.calibrate
+        rows = [w.describe(live, now) for w in sorted(self.workers.values(), key=lambda w: w.id)]
+        return p.StatusReply(
+            self.policy.name, rows, len(self.requests), len(self.pending), self.metrics.activity()
+        )
+
+    def submit(self, identity: bytes, msg: p.Submit, now: float) -> None:
+        """A request joins the pending queue (routed by ``dispatch``), or is refused."""
+        key = (identity, msg.request_id)
+        problem = validate_submit(msg) or self.admission.prompt_problem(msg)
+        tokenizing = self.tokenizing
+        if problem is None and (key in self._by_client or key in self.pending or key in tokenizing):
+            problem = p.Problem(
+                p.DUPLICATE_REQUEST, f"request id {msg.request_id!r} is already in flight"
+            )
+        if problem is None:  # prompts being tokenized wait as the pending ones do
+            units = prompt_units(msg) + self.pending.units + tokenizing.units
+            problem = self.admission.full_problem(len(self.pending) + len(tokenizing), units)
+        if problem:
+            self.out.to_client(identity, self.admission.error(problem, msg, len(self.pending)))
+            return
+        req = ClientRequest(identity, msg, now)
+        req.deadline = now + self.cfg.no_worker_wait_s
+        if not (msg.worker or msg.sampling.prefill_only):  # traffic, not a pin or a seed
+            req.earlier_arrivals = self.arrivals.record(now)
+        self.pending.append(req)
+
+    def cancel(self, identity: bytes, request_id: str) -> None:
+        """Stop a request wherever it is; a request unknown or finished: nothing."""
+        wid = self._by_client.get((identity, request_id))
+        if wid is not None:
+            req = self.requests[wid]
+            self.out.to_worker(self.workers[req.worker_id or ""].identity, p.Cancel(wid))
+            return
+        req = self.tokenizing.cancel((identity, request_id))
+        if req is not None:  # its tokens, when they come, are dropped
+            self._cancelled(req)
+            return
+        for req in list(self.pending):
+            if (req.client, req.submit.request_id) == (identity, request_id):
+                self.pending.remove(req)
+                self._cancelled(req)
+
+    def _cancelled(self, req: ClientRequest) -> None:
+        done = p.Done(req.submit.request_id, p.FinishReason.CANCELLED, {})
+        self.out.to_client(req.client, done)
+        self.metrics.on_outcome(req.policy, "cancelled")
+
+    def client_gone(self, identity: bytes, lost: list[p.Message]) -> None:
+        """Messages ``identity`` could not be sent (it left, or stopped reading): stop
+        spending workers on its requests."""
+        for msg in lost:
+            wid = self._by_client.get((identity, getattr(msg, "request_id", None) or ""))
+            req = self.requests.get(wid) if wid else None
+            if req is None:
+                continue
+            w = self.workers.get(req.worker_id or "")
+            if w is not None:
+                self.out.to_worker(w.identity, p.Cancel(wid or ""))
+                self._forget(w, req)
+            self.metrics.on_outcome(req.policy, "client_gone")
