@@ -16,7 +16,7 @@ from tandem.bench.driver import LEAD_S, RequestRecord
 from tandem.bench.workload import Arrival, PromptBook
 from tandem.common import protocol as p
 from tandem.twin.device import Tail, TwinDevice
-from tandem.twin.router import TwinRouter
+from tandem.twin.loop import TwinLoop
 from tandem.twin.world import NO_DELAY, Links, TwinWorker, World
 from tandem.workers.backends.sim import SimProfile
 from tandem.workers.engine import EngineConfig
@@ -89,11 +89,10 @@ def replay(
     def to_worker(wid: str, msg: p.Message, now: float) -> None:
         world.at(now + links.latency_s, workers[wid].receive, msg)
 
-    router = TwinRouter(policy, to_worker, calibrate, decode_estimate)
+    router = TwinLoop(policy, to_worker, calibrate, decode_estimate)
 
     def to_router(wid: str, msgs: list[p.Message]) -> None:
-        for msg in msgs:
-            router.on_worker(wid, msg, world.now)
+        router.on_worker(wid, msgs, world.now)
 
     def join(spec: TwinWorkerSpec) -> None:
         w = workers[spec.worker_id] = TwinWorker(
@@ -107,7 +106,7 @@ def replay(
             warm = _warm_up(spec)
             rates = measured_rates(*told, warm, "the advertised rates", spec.max_active)
             w.engine.timer.adopt(warm.stats)
-        router.register(w.ready(rates))
+        router.register(w.ready(rates), world.now)
 
     start = [s for s in specs if s.join_s is None]
     for spec in start:
@@ -151,6 +150,6 @@ def _warm_up(spec: TwinWorkerSpec) -> WarmUp:
 
 
 def _arrive(
-    router: TwinRouter, rec: RequestRecord, book: PromptBook, a: Arrival, pin: str | None
+    router: TwinLoop, rec: RequestRecord, book: PromptBook, a: Arrival, pin: str | None
 ) -> None:
     router.submit(rec, book.prompt(a), a.output_tokens, rec.scheduled_s, worker=pin)

@@ -1,9 +1,11 @@
-"""Routing decisions are unchanged by hot-path work: a scripted, seeded session
-(submits, heartbeats with rows and cache blocks, token deltas, finishes, under
-each policy) is replayed against the router and every decision record (inputs:
+"""Routing decisions are unchanged by hot-path work, and one core decides them
+wherever it runs: a scripted, seeded session (submits, heartbeats with rows and
+cache blocks, token deltas, finishes, under each policy) is replayed through the
+live router (its loop on inproc sockets), through its core driven directly, and
+through the twin's loop (twin/loop.py); every decision record of each (inputs:
 each candidate's active/queued counts, cached tokens, P, D, rates; output: the
-scores and the choice) must equal the one recorded before the router's routing
-state became incremental (tests/fixtures/decisions_replay.json).
+scores and the choice) must equal the one recorded from the live router before
+its routing state became incremental (tests/fixtures/decisions_replay.json).
 
 Regenerate the fixture only when a routing change is intended:
 ``python -m tests.unit.test_decision_replay --record``.
@@ -22,7 +24,7 @@ import pytest
 
 from tandem.common import protocol as p
 from tandem.common.blocks import block_hashes
-from tests.helpers import Harness
+from tests.replay_links import LINKS, Link
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "decisions_replay.json"
 SCENARIOS = {
@@ -45,10 +47,11 @@ STEPS = 160
 
 
 class Session:
-    """Fake workers that remember what they were assigned and report it back."""
+    """Fake workers that remember what they were assigned and report it back, through
+    one of the drivers of the router core (tests/replay_links.py)."""
 
-    def __init__(self, h: Harness, rng: random.Random) -> None:
-        self.h, self.rng = h, rng
+    def __init__(self, link: Link, rng: random.Random) -> None:
+        self.link, self.rng = link, rng
         self.assigned: dict[
             str, dict[str, list[Any]]
         ] = {}  # worker -> wid -> [tokens, budget, done]
@@ -58,18 +61,13 @@ class Session:
     def start(self) -> None:
         for i, rates in enumerate(RATES):
             wid = f"w{i}"
-            self.h.add_worker(wid, rates, max_active=len(rates[1]))
+            self.link.start_worker(wid, rates, max_active=len(rates[1]))
             self.assigned[wid], self.seq[wid] = {}, 0
 
     def drain(self) -> None:
-        """Collect Assigns on every worker and drop what the client received."""
-        for wid, sock in self.h.workers.items():
-            while sock.poll(0):
-                msg = sock.recv()
-                if isinstance(msg, p.Assign):
-                    self.assigned[wid][msg.request_id] = [msg.tokens, msg.sampling.max_tokens, 0]
-        while self.h.client.poll(0):
-            self.h.client.recv()
+        """Collect the Assigns every worker was sent."""
+        for wid, msg in self.link.assigned():
+            self.assigned[wid][msg.request_id] = [msg.tokens, msg.sampling.max_tokens, 0]
 
     def step(self) -> None:
         action = self.rng.choices(["submit", "heartbeat", "tokens", "done"], [5, 2, 3, 2])[0]
@@ -81,10 +79,9 @@ class Session:
         head = self.rng.choice(PREFIXES)[: self.rng.choice([0, 16, 48, 100, 160])]
         tail = [self.rng.randrange(1, 999) for _ in range(self.rng.randrange(1, 120))]
         budget = self.rng.choice([1, 8, 32, 64, 200])
-        self.h.client.send(
+        self.link.submit(
             p.Submit(f"r{self.n}", tokens=head + tail, sampling=p.SamplingParams(budget))
         )
-        self.h.pump()
 
     def _live(self) -> list[tuple[str, str]]:
         return sorted((w, r) for w, reqs in self.assigned.items() for r in reqs)
@@ -100,7 +97,11 @@ class Session:
         split = self.rng.randrange(len(rows) + 1)
         blocks = [h for pre in PREFIXES[: self.rng.randrange(3)] for h in block_hashes(pre, 16)]
         self.seq[wid] += 1
-        self.h.heartbeat(wid, self.seq[wid], rows[:split], rows[split:], blocks)
+        seq = self.seq[wid]
+        cache = {"full": True, "seq": seq, "blocks": blocks}
+        self.link.from_worker(
+            wid, p.Heartbeat(wid, seq, rows[:split], rows[split:], 0, 8192, cache)
+        )
 
     def tokens(self) -> None:
         live = self._live()
@@ -109,8 +110,7 @@ class Session:
         wid, rid = self.rng.choice(live)
         n = self.rng.randrange(1, 6)
         self.assigned[wid][rid][2] += n
-        self.h.workers[wid].send(p.TokenDelta(rid, list(range(n)), "x" * n))
-        self.h.pump()
+        self.link.from_worker(wid, p.TokenDelta(rid, list(range(n)), "x" * n))
 
     def done(self) -> None:
         live = self._live()
@@ -119,23 +119,24 @@ class Session:
         wid, rid = self.rng.choice(live)
         _, budget, seen = self.assigned[wid].pop(rid)
         stats = {"output_tokens": seen, "prompt_tokens": 1, "cached_tokens": 0}
-        self.h.workers[wid].send(
-            p.Done(rid, p.FinishReason.EOS if seen < budget else "length", stats)
-        )
-        self.h.pump()
+        reason = p.FinishReason.EOS if seen < budget else "length"
+        self.link.from_worker(wid, p.Done(rid, reason, stats))
 
 
-def run_scenario(cfg: dict[str, Any], tmp_path: Path, seed: int = 12) -> list[dict[str, Any]]:
-    """Every decision record of one seeded session (``time`` removed)."""
-    h = Harness(tmp_path, calibrate=False, **cfg)
+def run_scenario(
+    cfg: dict[str, Any], tmp_path: Path, seed: int = 12, driver: str = "live"
+) -> list[dict[str, Any]]:
+    """Every decision record of one seeded session (``time`` removed), through
+    ``driver``: the live loop on sockets, the core alone, or the twin's loop."""
+    link = LINKS[driver](tmp_path, {"calibrate": False, **cfg})
     try:
-        s = Session(h, random.Random(seed))
+        s = Session(link, random.Random(seed))
         s.start()
         for _ in range(STEPS):
             s.step()
-        records = h.decisions()
+        records = link.decisions()
     finally:
-        h.close()
+        link.close()
     for r in records:
         r.pop("time")
         # Logged since the fixture was recorded (lookahead's forecast input); none of
@@ -144,10 +145,13 @@ def run_scenario(cfg: dict[str, Any], tmp_path: Path, seed: int = 12) -> list[di
     return records
 
 
+@pytest.mark.parametrize("driver", sorted(LINKS))
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_replayed_decisions_are_unchanged(name: str, tmp_path: Path) -> None:
+def test_replayed_decisions_are_unchanged(name: str, driver: str, tmp_path: Path) -> None:
+    """The same decisions, record for record, from the live router (its loop on
+    sockets), its core driven directly, and the twin's loop on a virtual clock."""
     recorded = json.loads(FIXTURE.read_text())[name]
-    replayed = run_scenario(SCENARIOS[name], tmp_path)
+    replayed = run_scenario(SCENARIOS[name], tmp_path, driver=driver)
     assert len(replayed) == len(recorded) > 40
     pruned = sum(_unprune(before, after) for before, after in zip(recorded, replayed, strict=True))
     if name == "finish_time":  # recorded before pruning: the replay exercises it

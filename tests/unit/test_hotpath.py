@@ -20,6 +20,7 @@ from tandem.common import protocol as p
 from tandem.common.blocks import PrefixChain, block_hashes, matched_tokens
 from tandem.common.transport import DealerSocket
 from tests.helpers import Harness
+from tests.replay_links import CoreLink
 from tests.unit.test_decision_replay import PREFIXES, Session
 
 RATES = (100.0, [50.0, 80.0])
@@ -132,9 +133,10 @@ def test_a_spec_that_does_not_match_its_hash_is_refused(h: Harness) -> None:
 
 # ------------------------------------------------------------ cached views
 def test_cached_views_equal_views_built_from_scratch(tmp_path: Path) -> None:
-    h = Harness(tmp_path, calibrate=False, decode_estimate="ratio")
+    link = CoreLink(tmp_path, {"calibrate": False, "decode_estimate": "ratio"})
+    core = link.core
     try:
-        s = Session(h, random.Random(5))
+        s = Session(link, random.Random(5))
         s.start()
         rng = random.Random(6)
         for _ in range(120):
@@ -142,20 +144,18 @@ def test_cached_views_equal_views_built_from_scratch(tmp_path: Path) -> None:
             tokens = rng.choice(PREFIXES)[: rng.randrange(20, 160)] + [1, 2, 3]
             blocks = PromptBlocks(tokens)
             expected = []
-            for w in h.core.workers.values():
-                fresh = h.core.calibration.adjust(w.view(tokens))
-                cached = h.core.views.view(w, blocks)
+            for w in core.workers.values():
+                fresh = core.calibration.adjust(w.view(tokens))
+                cached = core.views.view(w, blocks)
                 assert cached == fresh
                 assert cached.backlog == dataclasses.replace(fresh).backlog
                 if len(w.inflight) < w.inflight_cap and w.fits(len(tokens), 8):
                     expected.append(fresh)
             # The router's one pass: the same views, of the workers with room it fits.
-            workers = h.core.workers.values()
-            assert (
-                h.core.views.candidates(workers, PromptBlocks(tokens), len(tokens), 8) == expected
-            )
+            workers = core.workers.values()
+            assert core.views.candidates(workers, PromptBlocks(tokens), len(tokens), 8) == expected
     finally:
-        h.close()
+        link.close()
 
 
 def test_a_prefix_chain_hashes_lazily_what_block_hashes_gives() -> None:

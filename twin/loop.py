@@ -1,0 +1,126 @@
+"""The router's loop on the twin's virtual clock: the live router core, driven by events.
+
+The twin has no router of its own: ``TwinLoop`` feeds the very ``RouterCore``
+the router process runs (broker/core.py) the events the live loop would
+(broker/router.py), with the world's time: a client's Submit, then a routing
+pass; the messages one worker emitted in one step, then the end of that drain
+and a routing pass (capacity may have freed). What the core owes a worker is
+delivered to it after the link's latency; what it owes the client becomes that
+request's bench ``RequestRecord`` (worker, token times, stats, errors), so the
+bench's statistics, reports and plots apply as is.
+
+Only the links differ from the live router: a worker's Welcome, Reregister or
+Error is the I/O thread's business (workers/io.py), not the engine's, and the
+twin's workers never fail to register; the twin submits token ids, so the core
+is given a tokenizer that only knows how many ids there are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tandem.bench.driver import RequestRecord
+from tandem.broker.config import RouterConfig
+from tandem.broker.core import RouterCore
+from tandem.common import protocol as p
+from tandem.common.settings import Addresses
+
+Send = Callable[[str, p.Message, float], None]  # (worker id, message, time)
+CLIENT = b"twin-client"  # the one client every twin request comes from
+UNBOUND = Addresses("inproc://twin-clients", "inproc://twin-workers")  # never bound
+_ENGINE_MESSAGES = (p.Assign, p.Cancel, p.ResyncCache)  # what a worker's engine reads
+
+
+class IdsOnly:
+    """The core's tokenizer for a driver that submits token ids only."""
+
+    vocab_size = 1 << 31
+
+    def encode(self, text: str, **_: Any) -> list[int]:
+        raise ValueError("the twin submits token ids, never text")
+
+
+class TwinLoop:
+    """Routes the twin's requests through ``RouterCore`` as the live loop does."""
+
+    def __init__(
+        self, policy: str, send: Send, calibrate: bool = True, decode_estimate: str = "budget"
+    ) -> None:
+        cfg = RouterConfig(
+            addresses=UNBOUND, policy=policy, calibrate=calibrate,
+            decode_estimate=decode_estimate, accept_hold_ms=0.0,
+        )  # fmt: skip
+        self.core = RouterCore(cfg, tokenizer=IdsOnly(), epoch="twin")  # type: ignore[arg-type]
+        self.core.log_decisions = True  # records kept in memory (``decisions``), with their time
+        self.send = send
+        self.records: dict[str, RequestRecord] = {}  # by the client's request id
+        self.pinned: set[str] = set()  # their decisions are not the policy's
+        self.decisions: list[dict[str, Any]] = []
+        self.ended = 0  # requests that ended (done or failed): the replay's stop condition
+
+    def register(self, ready: p.Ready, now: float) -> None:
+        self.core.worker(ready.worker_id.encode(), ready, now)
+        self._flush(now)
+
+    def submit(
+        self, rec: RequestRecord, tokens: list[int], max_tokens: int, now: float, **kw: Any
+    ) -> None:
+        """Submit one request at ``now`` (``worker=`` pins it, ``prefill_only=`` seeds)."""
+        rec.submit_s = now
+        prefill_only = bool(kw.get("prefill_only", False))
+        pinned = kw.get("worker")
+        if pinned:
+            self.pinned.add(rec.request_id)
+        sampling = p.SamplingParams(max_tokens, ignore_eos=True, prefill_only=prefill_only)
+        self.records[rec.request_id] = rec
+        sub = p.Submit(rec.request_id, tokens=tokens, sampling=sampling, worker=pinned)
+        self.core.client(CLIENT, sub, now)
+        self._turn(now)
+
+    def on_worker(self, worker_id: str, msgs: list[p.Message], now: float) -> None:
+        """What a twin worker emitted in one step, delivered at ``now``."""
+        core, identity = self.core, worker_id.encode()
+        for msg in msgs:
+            core.worker(identity, msg, now)
+        core.drained()
+        self._turn(now)
+
+    def _turn(self, now: float) -> None:
+        if self.core.pending:
+            self.core.dispatch(now)  # no limit per pass: the twin's turns take no time
+        self._flush(now)
+
+    def _flush(self, now: float) -> None:
+        out = self.core.out
+        for identity, msgs in out.take_workers().items():
+            for msg in msgs:
+                if isinstance(msg, _ENGINE_MESSAGES):
+                    self.send(identity.decode(), msg, now)
+        self.core.release_accepts(now)
+        for msgs in out.take_clients().values():
+            for msg in msgs:
+                self._to_client(msg, now)
+        for _, record in out.take_decisions():
+            if record["request"] not in self.pinned:
+                self.decisions.append(record | {"time": now})
+        self.core.settle()
+
+    def _to_client(self, msg: p.Message, now: float) -> None:
+        """What the client sees of its request, kept on its record."""
+        rec = self.records.get(getattr(msg, "request_id", None) or "")
+        if rec is None:
+            return
+        if isinstance(msg, p.Accepted):
+            rec.worker = msg.worker_id
+        elif isinstance(msg, p.TokenDelta):
+            rec.token_s.extend([now] * len(msg.token_ids))
+        elif isinstance(msg, p.Done | p.Error):
+            del self.records[rec.request_id]
+            rec.done_s, self.ended = now, self.ended + 1
+            if isinstance(msg, p.Error):
+                rec.error = f"{msg.code}: {msg.message}"
+                return
+            rec.finish_reason = msg.finish_reason
+            rec.output_tokens = len(rec.token_s)
+            rec.stats = dict(msg.stats)
