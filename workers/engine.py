@@ -333,7 +333,7 @@ class Engine:
     def heartbeat(self) -> p.Heartbeat:
         """The worker's state; one that says nothing new keeps the last one's ``seq``,
         so an idle worker sends the same bytes every period and the router, seeing
-        them, only notes that it is alive (broker/router.py ``_same_heartbeat``)."""
+        them, only notes that it is alive (broker/membership.py ``repeated_heartbeat``)."""
         hb = p.Heartbeat(
             worker_id=self.worker_id,
             seq=self._hb_seq,
