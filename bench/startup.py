@@ -16,7 +16,10 @@ first, so it registers at once):
    ids (no prefix cache hit) decoding ``--max-tokens`` (ignore_eos);
 4. the rates served then: the worker's live step model (served steps only: a quick
    measurement's steps are not handed to it), aggregate decode tok/s by batch size
-   at the context it quotes, as ``tandem status`` shows it.
+   at the context it quotes, as ``tandem status`` shows it, and the median of the
+   served decode-only steps by batch size (``TANDEM_STEP_TRACE_DIR``);
+5. the control: the same quick measurement again, in this process, right after
+   the minute: how much the machine itself changed meanwhile (it is shared).
 
 The ratio start-up price / served rate per batch size is the accuracy (goal within
 +/-25 %). The machine is whatever it is: nothing else is stopped for the run.
@@ -110,6 +113,7 @@ def one_run(args: dict[str, Any], cache: Path) -> dict[str, Any]:
     trace = cache / "steps"  # every served step (workers/steptimer.py)
     env = {**os.environ, "TANDEM_CACHE_DIR": str(cache), "PYTHONUNBUFFERED": "1",
            "TANDEM_STEP_TRACE_DIR": str(trace)}  # fmt: skip
+    load_start = os.getloadavg()[0]
     with Cluster(router_args=["--no-worker-wait-s", "120"]) as cl:
         assert cl.log_dir is not None
         proc, t0 = start_worker(cl, cl.log_dir / "cpu0.log", env, args["worker_args"])
@@ -119,6 +123,8 @@ def one_run(args: dict[str, Any], cache: Path) -> dict[str, Any]:
             phases = load(cl, args["phase_s"], args["prompt_tokens"], args["max_tokens"])
             time.sleep(2.0)  # the last steps ride a heartbeat (steps_every_s: 1 s)
             last = status_row(cl)
+            load_end = os.getloadavg()[0]
+            again = measure_again()
             log = (cl.log_dir / "cpu0.log").read_text()
         finally:
             proc.kill()
@@ -126,7 +132,10 @@ def one_run(args: dict[str, Any], cache: Path) -> dict[str, Any]:
     served = last["live_decode_tok_s"]
     start = first["decode_tok_s"]
     return {
+        "load_avg_1m": [round(load_start, 2), round(load_end, 2)],
         "times_s": times,
+        "again_decode_tok_s": again,
+        "again_over_start": ratios(again, start),
         "provisional_at_start": first["provisional"],
         "provisional_after": last["provisional"],
         "start_prefill_tok_s": first["prefill_tok_s"],
@@ -143,7 +152,26 @@ def one_run(args: dict[str, Any], cache: Path) -> dict[str, Any]:
     }
 
 
+def measure_again() -> list[float]:
+    """The control: the worker's quick measurement again, here, right after the minute
+    (the worker still holds its model, idle): what the machine measures now."""
+    from tandem.workers.backends import build_backend
+    from tandem.workers.config import WorkerConfig
+    from tandem.workers.profiler import warm_up
+    from tandem.workers.rates import measured_rates
+    from tandem.workers.startup import QUICK_CONTEXT, QUICK_STEPS
+
+    cfg = WorkerConfig(router="tcp://127.0.0.1:1")
+    backend = build_backend(cfg)
+    warm = warm_up(backend, cfg.engine.max_active, cfg.engine.step_tokens,
+                   context=QUICK_CONTEXT, measure_steps=QUICK_STEPS, compile_pass=False,
+                   prefill_probe=False)  # fmt: skip
+    _, decode = measured_rates(200.0, [50.0], warm, None, cfg.engine.max_active)
+    return [round(x, 2) for x in decode]
+
+
 def ratios(start: list[float], served: list[float | None]) -> list[float | None]:
+    """start[i] / served[i], None where nothing was served."""
     return [None if s is None else round(a / s, 3) for a, s in zip(start, served, strict=False)]
 
 
@@ -188,7 +216,8 @@ def main(runs: int, profiled: bool, phase_s: float, prompt_tokens: int, max_toke
         results.append(result)
         click.echo(f"run {i + 1}: registered after {result['times_s'].get('registered')} s; "
                    f"start / served {result['start_over_served']}, / served median "
-                   f"{result['start_over_served_median']}")  # fmt: skip
+                   f"{result['start_over_served_median']}; again / start "
+                   f"{result['again_over_start']}; load {result['load_avg_1m']}")  # fmt: skip
     doc = {"args": {**args, "runs": runs, "profiled": profiled}, "cpus": os.cpu_count(),
            "load_avg_1m_at_end": os.getloadavg()[0], "runs": results}  # fmt: skip
     if out:

@@ -242,6 +242,7 @@ def warm_up(
         # spread narrows when many rows share a short context (it must fit n_ctx).
         ragged = min(RAGGED_TOKENS, (context - 2) // max(1, max_active - 1))
         prefix = _prompt(rng, context - 1 - ragged * (max_active - 1), backend.vocab_size)
+        measured = 0  # the largest batch size whose stage ran to its end
         for b in sizes:
             if budget_s is not None and n == passes - 1 and clock() - started > budget_s:
                 break  # what is left is priced from its neighbours (workers/rates.py)
@@ -252,7 +253,13 @@ def warm_up(
                 tail = _prompt(rng, 1 + ragged * i, backend.vocab_size)
                 engine.submit(Request(f"warm-{b}-{i}", [*prefix, *tail], params))
             if not _drain(engine, until):
+                # Steps of a batch size given up were taken in a stall (C3 in
+                # docs/results/startup.md: 5 tok/s where it served 29-88): not kept.
+                stats = engine.timer.stats
+                for size in [s for s in stats.decode if s > measured]:
+                    del stats.decode[size]
                 break
+            measured = b
             done += 1
             _report(progress, done, total)
         for handle in engine.cache.clear():  # the backend keeps nothing of the warm-up

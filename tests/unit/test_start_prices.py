@@ -126,6 +126,14 @@ def test_a_quick_measurement_gives_up_a_batch_size_still_running_at_its_deadline
     assert {1, 2, 4} <= set(again.stats.model().decode_batch)  # the device was left clean
 
 
+def test_the_steps_of_a_batch_size_given_up_are_not_kept() -> None:
+    """cpu-m2's twin finishes batch 1 at 3.5 s and batch 2 at 4.0 s of virtual time,
+    batch 4 at 5.3 s: a 4.5 s deadline gives batch 4 up mid-way."""
+    warm, stages, _ = quick_on_twin("cpu-m2", 4, deadline_s=4.5)
+    assert stages == [(1, 3), (2, 3)]
+    assert warm.stats.model().decode_batch == (1, 2)  # none of batch 4's few steps
+
+
 def test_what_a_worker_measures_before_it_registers() -> None:
     auto = WorkerConfig(router="tcp://127.0.0.1:1")
     assert auto.measurement("gpu-cuda", told=True) == "full"  # kernels compile on first shapes
