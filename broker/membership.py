@@ -190,13 +190,14 @@ class Membership(CoreState):
         if relayed:
             self.liveness.on_output(w.id, now)
             # Counted once the tokens have left (settle), as the other metrics hooks.
-            self._settle.append((self.metrics.on_tokens, (w.id, n_tokens)))
+            self.settling.append((self.metrics.on_tokens, (w.id, n_tokens)))
 
     def drained(self) -> None:
         """The frames waiting together have been handled: the token deltas they
         carried, coalesced per request, are owed to their clients now."""
-        for pending in self.outbox.take_all():
-            self._send_tokens(pending)
+        if self.outbox.pending:  # most drains relay none: no call then
+            for pending in self.outbox.take_all():
+                self._send_tokens(pending)
 
     def relay(self, w: WorkerState, msg: p.Done | p.Error, now: float) -> None:
         wid = msg.request_id
@@ -220,7 +221,7 @@ class Membership(CoreState):
             self._send_buffered(req)
             stats = req.final_stats(msg.stats, now, req.policy)
             self.out.to_client(req.client, p.Done(sub.request_id, msg.finish_reason, stats))
-            self._settle.append((self.metrics.on_done, (req.policy, msg.finish_reason, stats)))
+            self.settling.append((self.metrics.on_done, (req.policy, msg.finish_reason, stats)))
         else:
             self.out.to_client(req.client, p.Error(msg.code, msg.message, sub.request_id))
             self.metrics.on_outcome(req.policy, msg.code)
@@ -259,7 +260,7 @@ class Membership(CoreState):
         for msg in lost:
             req = self.requests.get(msg.request_id) if isinstance(msg, p.Assign) else None
             if req is not None and w is not None and req.worker_id == w.id:
-                self._accepts.pop(msg.request_id, None)  # it was never accepted there
+                self.accepts.pop(msg.request_id, None)  # it was never accepted there
                 self._forget(w, req)
                 req.wid = req.worker_id = None
                 again.append(req)

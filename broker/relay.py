@@ -36,24 +36,24 @@ class TokenOutbox:
     """Pending token deltas by worker-side request id."""
 
     def __init__(self) -> None:
-        self._pending: dict[str, Pending] = {}
+        self.pending: dict[str, Pending] = {}
 
     def add(self, worker: WorkerState, req: ClientRequest, ids: list[int], text: str) -> None:
         wid = req.wid or ""
-        entry = self._pending.get(wid)
+        entry = self.pending.get(wid)
         if entry is None:
-            entry = self._pending[wid] = Pending(worker, req)
+            entry = self.pending[wid] = Pending(worker, req)
         entry.token_ids.extend(ids)
         entry.texts.append(text)
 
     def pop(self, wid: str) -> Pending | None:
         """Take ``wid``'s pending tokens (to send them before its Done or Error)."""
-        return self._pending.pop(wid, None)
+        return self.pending.pop(wid, None)
 
     def take_all(self) -> list[Pending]:
         """Every pending entry, in arrival order; the outbox is empty after."""
-        if not self._pending:
+        if not self.pending:
             return []
-        out = list(self._pending.values())
-        self._pending.clear()
+        out = list(self.pending.values())
+        self.pending.clear()
         return out

@@ -156,7 +156,8 @@ class Router:
         core, now = self.core, time.monotonic()
         if (ready is None or self._monitor in ready) and drain_events(self._monitor):
             core.disconnected(now)
-        core.probe(now)  # an unreachable worker is dropped as its Welcome fails (_flush)
+        if core.liveness.probes:  # an unreachable worker is dropped as its Welcome fails
+            core.probe(now)
         # Workers first: finishing requests frees capacity for new ones.
         skip = ready is not None and self.worker_sock.sock not in ready
         if skip or self.drain_workers():
@@ -167,7 +168,8 @@ class Router:
         adm = self.cfg.admission
         more = False
         if ready is None or self.client_sock.sock in ready:
-            more = not self.drain_clients(adm.client_frames_per_turn, CLIENT_TURN_BYTES)
+            frames, size = adm.client_frames_per_turn, CLIENT_TURN_BYTES
+            more = not self._drain(self.client_sock, core.client, frames, max_bytes=size)
         return self.dispatch_pending(limit=adm.routes_per_turn) or more
 
     def drain_workers(self) -> bool:
@@ -239,7 +241,7 @@ class Router:
             if out.workers:  # most calls find nothing owed: no call then
                 for identity, lost in self._send(self.worker_sock, out.take_workers()):
                     core.assigns_lost(identity, lost, time.monotonic())
-            if core.accepts_held:
+            if core.accepts:
                 core.release_accepts(time.monotonic())
             if not out.clients:
                 break
@@ -251,7 +253,8 @@ class Router:
             for _, record in out.take_decisions():
                 if self.decisions:
                     self.decisions.write(record)
-        core.settle()
+        if core.settling:
+            core.settle()
 
     @staticmethod
     def _send(sock: RouterSocket, held: Held) -> list[tuple[bytes, list[p.Message]]]:

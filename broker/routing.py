@@ -168,7 +168,7 @@ class Routing(CoreState):
         self.assign(req, tokens, w, blocks, now)
         args = (req.submit.request_id, policy, rr, decision, candidates, req.cached_estimate,
                 elapsed_s)  # fmt: skip
-        self._settle.append((self.metrics.on_decision, args))
+        self.settling.append((self.metrics.on_decision, args))
 
     def assign(
         self, req: ClientRequest, tokens: list[int], w: WorkerState, blocks: PromptBlocks,
@@ -193,19 +193,15 @@ class Routing(CoreState):
         self._by_client[(req.client, sub.request_id)] = wid
         if not resume:  # a migrated stream goes on as one stream: no second Accepted
             accepted = p.Accepted(sub.request_id, w.id, len(tokens), cached)
-            self._accepts[wid] = (req, accepted, now + self.cfg.accept_hold_ms / 1e3)
+            self.accepts[wid] = (req, accepted, now + self.cfg.accept_hold_ms / 1e3)
 
     # ------------------------------------------------------------ held Accepteds
-    @property
-    def accepts_held(self) -> bool:
-        return bool(self._accepts)
-
     def release_accepts(self, now: float) -> None:
         """Accepteds whose hold is over go out alone (they are held oldest first)."""
-        if not self._accepts:
+        if not self.accepts:
             return
         due = []
-        for wid, (_, _, at) in self._accepts.items():
+        for wid, (_, _, at) in self.accepts.items():
             if at > now:
                 break
             due.append(wid)
@@ -215,7 +211,7 @@ class Routing(CoreState):
     def wait_ms(self, now: float) -> int:
         """How long the driver may wait for input: until the first held Accepted is due
         (at most 100 ms)."""
-        if not self._accepts:
+        if not self.accepts:
             return 100
-        first = next(iter(self._accepts.values()))[2]
+        first = next(iter(self.accepts.values()))[2]
         return max(0, min(100, math.ceil((first - now) * 1e3)))

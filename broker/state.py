@@ -90,18 +90,20 @@ class CoreState:
         self._by_identity: dict[bytes, str] = {}  # worker socket identity -> worker id
         self._claims = Claims()  # Readies for a worker id another connection holds
         self._hb_frames: dict[bytes, bytes] = {}  # identity -> its last heartbeat's bytes
-        # Accepteds held until their request's first output or their time (oldest first).
-        self._accepts: dict[str, tuple[ClientRequest, p.Accepted, float]] = {}
+        # Accepteds held until their request's first output or their time (oldest first);
+        # a driver tests it before ``release_accepts``, as it tests ``settling`` before
+        # ``settle`` (most passes find both empty: no call then).
+        self.accepts: dict[str, tuple[ClientRequest, p.Accepted, float]] = {}
         # Metrics hooks run after the frames they count have left (``settle``): at low
         # load they took ~45 us per request on the way to the worker and back.
-        self._settle: list[tuple[Any, tuple[Any, ...]]] = []
+        self.settling: list[tuple[Any, tuple[Any, ...]]] = []
         self._expiry_at: float = 0.0  # when the next liveness walk is due (membership.tick)
         self._spec_asked_at: float = -math.inf  # when a worker was last asked for the tokenizer
 
     def settle(self) -> None:
         """Run the metrics hooks of what has been handed over since the last call."""
-        if self._settle:
-            settle, self._settle = self._settle, []
+        if self.settling:
+            settle, self.settling = self.settling, []
             for hook, args in settle:
                 hook(*args)
 
@@ -117,7 +119,7 @@ class CoreState:
 
     def _release_accept(self, wid: str) -> None:
         """``wid``'s Accepted, if still held, goes first in what its client gets next."""
-        held = self._accepts.pop(wid, None)
+        held = self.accepts.pop(wid, None)
         if held is not None:
             self.out.to_client(held[0].client, held[1])
 
