@@ -237,6 +237,8 @@ class Router:
         before its client is told it was accepted; what a departed client leaves
         behind (Cancels to its workers) goes in the same flush."""
         core, out = self.core, self.core.out
+        # A pass may leave more owed (a departed client's Cancels, a lost worker's
+        # failed requests); what is still owed after three goes with the next flush.
         for _ in range(3):
             if out.workers:  # most calls find nothing owed: no call then
                 for identity, lost in self._send(self.worker_sock, out.take_workers()):
