@@ -1,5 +1,5 @@
 """The ``tandem`` command group. Each command lives in the module of its group and
-is registered here; progress and tables go to stderr, ``--json`` to stdout."""
+is registered here; progress goes to stderr, answers (tables, ``--json``) to stdout."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from tandem.common.settings import env_str
 
 
 @click.group()
+# The installed distribution's version (pyproject.toml), not a copy kept in the code.
+@click.version_option(package_name="tandem-serve", prog_name="tandem")
 @click.option("--log-level", default=lambda: env_str("LOG_LEVEL", "info"), show_default="info")
 def main(log_level: str) -> None:
     """tandem: one model served from CPU and GPU workers behind one router."""

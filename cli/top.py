@@ -154,15 +154,20 @@ def key_reader() -> Iterator[Any]:
 @keys_option
 def top(router_addr: str, interval_s: float, once: bool, keys: str | None) -> None:
     """A live view of the cluster: workers, load, rates, recent routing decisions."""
-    from tandem.client import Client, TandemError
+    from tandem.client import Client, RouterUnavailable, TandemError
 
     if interval_s <= 0:
         raise click.UsageError("--interval-s must be > 0")
     rates = Rates()
+    first: list[RouterUnavailable] = []  # no router at the start: say so and stop
 
     def frame(c: Client) -> RenderableType:
         try:
             st = c.status()
+        except RouterUnavailable as exc:
+            if rates.t == 0.0:
+                first.append(exc)
+            return render(None, rates, router_addr, str(exc))
         except TandemError as exc:
             return render(None, rates, router_addr, str(exc))
         rates.update(st.activity, time.monotonic())
@@ -174,14 +179,18 @@ def top(router_addr: str, interval_s: float, once: bool, keys: str | None) -> No
     except ValueError as exc:  # e.g. not a keys folder
         raise click.UsageError(str(exc)) from None
     with client as c:
+        view = frame(c)
+        if first:  # later, a lost router shows in the view while top asks again
+            click.echo(f"error ({first[0].code}): {first[0].message}", err=True)
+            sys.exit(1)
         if once:
-            console.print(frame(c))
+            console.print(view)
             return
         # Ctrl-C may land anywhere (a status call, a redraw): catch it around it all.
         with (
             contextlib.suppress(KeyboardInterrupt),
             key_reader() as read_key,
-            Live(frame(c), console=console, screen=True) as live,
+            Live(view, console=console, screen=True) as live,
         ):
             while read_key(interval_s) not in ("q", "Q"):
                 live.update(frame(c))

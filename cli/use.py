@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
 from tandem.cli.options import client_addr, keys_option
+from tandem.common import protocol as p
 
 
 @click.command()
@@ -64,7 +66,8 @@ def generate(
     )
     _check_arguments(text_arg, options, timeout_s)
     try:
-        with Client(router_addr, timeout_s=timeout_s, keys=keys) as c:
+        explain = _explainer(worker_sel)
+        with Client(router_addr, timeout_s=timeout_s, keys=keys, on_wait=explain) as c:
             s = c.stream(**text_arg, **options)
             for delta in s:
                 if stream and not as_json:
@@ -93,7 +96,6 @@ def _check_arguments(text_arg: dict, options: dict, timeout_s: float) -> None:
     """One clear line and exit 1 for any argument the request cannot carry."""
     from tandem.client.errors import BadRequest
     from tandem.client.session import make_submit
-    from tandem.common import protocol as p
 
     problem = None
     if not 0 < timeout_s < 1e9:
@@ -145,8 +147,38 @@ def status(router_addr: str, as_json: bool, keys: str | None) -> None:
         return
     from tandem.cli.tables import workers_table
 
-    click.echo(workers_table(reply), err=True)
+    click.echo(workers_table(reply))
 
 
 def _fmt_s(v: object) -> str:
     return f"{v:.3f}s" if isinstance(v, int | float) else "-"
+
+
+def _explainer(worker_sel: str | None) -> Any:
+    """``on_wait`` for the Client: one line on stderr saying what the request waits for."""
+
+    def explain(status: p.StatusReply) -> None:
+        click.echo(waiting_line(status, worker_sel), err=True)
+
+    return explain
+
+
+def waiting_line(status: p.StatusReply, worker_sel: str | None = None) -> str:
+    """Why a request the router holds is not running yet, from its status."""
+    workers = status.workers
+    if worker_sel and not any(worker_sel in (w["id"], w["device"]) for w in workers):
+        return f"waiting for worker {worker_sel} to register (the router holds the request)"
+    if not workers:
+        return (
+            "waiting for a worker to register: none has yet (a starting worker registers "
+            "once its model is loaded and measured; the router holds the request until "
+            "its --no-worker-wait-s runs out)"
+        )
+    full = [w for w in workers if w["active"] >= w["max_active"]]
+    if len(full) == len(workers):
+        busy = ", ".join(f"{w['id']} {w['active']}/{w['max_active']}" for w in full)
+        return (
+            f"waiting for a free slot: every worker is full ({busy}); "
+            f"{status.requests_pending} request(s) waiting in all"
+        )
+    return f"waiting at the router: {status.requests_pending} request(s) not yet placed"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,11 +15,12 @@ from tandem.client.errors import (
     HandshakeRefused,
     RequestTimeout,
     RouterLost,
+    RouterUnavailable,
     TandemError,
     from_error,
 )
 from tandem.client.session import Assembly, Delta, Result, make_submit, request_id_of
-from tandem.client.watch import attach, refusal, stop_retrying
+from tandem.client.watch import LOST, NO_ROUTER_S, REFUSED, Link, attach, stop_retrying
 from tandem.common import protocol as p
 from tandem.common.auth import peer_setup
 from tandem.common.settings import addresses
@@ -34,11 +36,17 @@ class AsyncClient:
 
     A closed connection fails the requests in flight at once (RouterLost); a refused
     handshake (keys, docs/SECURITY.md) fails every pending and later call at once
-    (HandshakeRefused). No send waits past ``timeout_s``.
+    (HandshakeRefused). No send waits past ``timeout_s``. A call that finds no
+    connection to the router for ``no_router_s`` (nothing listens at the address)
+    fails with RouterUnavailable, naming the address and how to start one.
     """
 
     def __init__(
-        self, address: str | None = None, timeout_s: float = 300.0, keys: str | None = None
+        self,
+        address: str | None = None,
+        timeout_s: float = 300.0,
+        keys: str | None = None,
+        no_router_s: float = NO_ROUTER_S,
     ) -> None:
         self.address = address or addresses().client
         self.timeout_s = timeout_s
@@ -47,15 +55,14 @@ class AsyncClient:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, CLIENT_FRAME_BYTES)
         setup = peer_setup(keys, "client")  # CURVE, when the router uses keys
-        self._keyed = setup is not None
         if setup is not None:
             setup(self._sock)
+        self._link = Link(self.address, setup is not None, no_router_s)
         self._monitor = attach(self._sock)  # before connect: a refusal comes at once
         self._sock.connect(self.address)
         self._boxes: dict[str | None, asyncio.Queue[p.Message]] = {}
         self._reader: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
-        self._refused: HandshakeRefused | None = None  # kept: no later call gets through
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -149,6 +156,9 @@ class AsyncClient:
                 elif accepted and isinstance(msg, p.Accepted):
                     yield msg
             ended = True
+        except RouterUnavailable:
+            ended = True  # its socket was reconnected: the request went nowhere
+            raise
         finally:
             self._boxes.pop(rid, None)
             if not ended:  # the caller left early: free the worker's slot
@@ -162,8 +172,8 @@ class AsyncClient:
             # lost nothing (no request was open).
             self._events(lost=False)
             self._watcher = asyncio.get_running_loop().create_task(self._watch())
-        if self._refused is not None:
-            raise HandshakeRefused(self._refused.message)
+        if self._link.refused is not None:
+            raise HandshakeRefused(self._link.refused.message)
         return self._boxes.setdefault(rid, asyncio.Queue())
 
     async def _watch(self) -> None:
@@ -181,13 +191,12 @@ class AsyncClient:
         the client for good; a close (``lost``) fails the open requests."""
         while self._monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             frames = self._monitor.recv_multipart(zmq.NOBLOCK).result()
-            refused = refusal(self.address, frames, self._keyed)
-            if refused is not None and self._refused is None:
-                self._refused = refused
+            kind = self._link.read(frames)
+            refused = self._link.refused
+            if kind == REFUSED and refused is not None:
                 stop_retrying(self._sock, self.address)
-            if refused is not None:
                 self._fail_all(HANDSHAKE_REFUSED, refused.message, with_status=True)
-            elif lost:
+            elif kind == LOST and lost:
                 self._fail_all(p.ROUTER_LOST, "the connection to the router closed")
 
     def _fail_all(self, code: str, message: str, with_status: bool = False) -> None:
@@ -201,8 +210,8 @@ class AsyncClient:
         after a refusal takes nothing, ever)."""
         deadline = asyncio.get_running_loop().time() + self.timeout_s
         while True:
-            if self._refused is not None:
-                raise HandshakeRefused(self._refused.message)
+            if self._link.refused is not None:
+                raise HandshakeRefused(self._link.refused.message)
             failed = self._sock.send(frame, zmq.NOBLOCK).exception()
             if failed is None:
                 return
@@ -216,14 +225,27 @@ class AsyncClient:
             await self._sock.poll(SEND_POLL_MS, zmq.POLLOUT)
 
     async def _get(self, box: asyncio.Queue[p.Message], rid: str | None) -> p.Message:
+        """The box's next message; RouterUnavailable once the connection has been
+        down for ``no_router_s`` of this wait, RequestTimeout after ``timeout_s``."""
         if not box.empty():  # tokens often arrive in bursts: skip wait_for's task and timer
             return box.get_nowait()
-        try:
-            return await asyncio.wait_for(box.get(), self.timeout_s)
-        except TimeoutError:
-            if rid is not None:
-                self.cancel(rid)
-            raise RequestTimeout(f"no reply for {self.timeout_s}s", rid) from None
+        since = time.monotonic()
+        deadline = since + self.timeout_s
+        while True:
+            wait_s = deadline - time.monotonic()
+            try:
+                return await asyncio.wait_for(box.get(), self._link.bounded(since, wait_s) + 1e-3)
+            except TimeoutError:
+                pass
+            self._events(lost=True)  # what the watcher would read on its next wake-up
+            missing = self._link.absent(since)
+            if missing is not None:
+                self._link.restart(self._sock)  # what it queued must not run later
+                raise missing from None
+            if time.monotonic() >= deadline:
+                if rid is not None:
+                    self.cancel(rid)
+                raise RequestTimeout(f"no reply for {self.timeout_s}s", rid) from None
 
     async def _read(self) -> None:
         while True:

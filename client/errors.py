@@ -5,6 +5,7 @@ from __future__ import annotations
 from tandem.common import protocol as p
 
 HANDSHAKE_REFUSED = "handshake_refused"  # client side only, like "timeout"
+ROUTER_UNAVAILABLE = "router_unavailable"  # client side only: no router at the address
 
 
 class TandemError(Exception):
@@ -72,6 +73,14 @@ class HandshakeRefused(RouterLost):
     code = HANDSHAKE_REFUSED
 
 
+class RouterUnavailable(RouterLost):
+    """Nothing accepted a connection at the router's address while a call waited
+    (``no_router_s``): no router runs there. The message names the address and how
+    to start one. The call sent nothing that a router started later would run."""
+
+    code = ROUTER_UNAVAILABLE
+
+
 class RequestTimeout(TandemError, TimeoutError):
     code = "timeout"
 
@@ -87,6 +96,7 @@ _BY_CODE: dict[str, type[TandemError]] = {
         Overloaded,
         RouterLost,
         HandshakeRefused,
+        RouterUnavailable,
     )
 }
 _BY_CODE[p.BAD_FRAME] = BadRequest

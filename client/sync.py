@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict, deque
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -19,8 +19,9 @@ from tandem.client.errors import (
     TandemError,
     from_error,
 )
-from tandem.client.session import Assembly, Delta, Result, make_submit, request_id_of
-from tandem.client.watch import attach, refusal, stop_retrying
+from tandem.client.session import Result, make_submit, request_id_of
+from tandem.client.stream import Stream
+from tandem.client.watch import LOST, NO_ROUTER_S, REFUSED, Link, attach, stop_retrying
 from tandem.common import protocol as p
 from tandem.common.auth import peer_setup
 from tandem.common.settings import addresses
@@ -38,7 +39,11 @@ class Client:
     When the connection drops mid-request the request fails at once with
     RouterLost instead of waiting out ``timeout_s``; when the router refuses our
     handshake (keys), every pending and later call fails at once with
-    HandshakeRefused. No send blocks past ``connect_timeout_s``.
+    HandshakeRefused. No send blocks past ``connect_timeout_s``. A call that finds
+    no connection to the router for ``no_router_s`` (nothing listens at the
+    address) fails with RouterUnavailable, naming the address and how to start one.
+    ``on_wait``: called with the router's StatusReply when a request is not
+    accepted within ``WAIT_NOTICE_S`` (it waits there, e.g. for a first worker).
     """
 
     def __init__(
@@ -48,19 +53,24 @@ class Client:
         connect_timeout_s: float = 10.0,
         retries: int = 2,
         keys: str | None = None,
+        no_router_s: float = NO_ROUTER_S,
+        on_wait: Callable[[p.StatusReply], None] | None = None,
     ) -> None:
         self.address = address or addresses().client
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.retries = retries
+        self.on_wait = on_wait
         self._setup = peer_setup(keys, "client")
         self._mail: dict[str | None, deque[p.Message]] = defaultdict(deque)
         self._open: set[str] = set()  # request ids in flight: mail for others is dropped
-        self._refused: HandshakeRefused | None = None  # kept: no later call gets through
+        # Across reconnects: a refused handshake stays refused.
+        self._link = Link(self.address, self._setup is not None, no_router_s)
         self._connect()
 
     def _connect(self) -> None:
         self._monitor: zmq.Socket | None = None
+        self._link.went_down()
 
         def setup(sock: zmq.Socket) -> None:  # before connect: a refusal comes at once
             if self._setup is not None:
@@ -120,8 +130,10 @@ class Client:
         """Request/reply without a request id, retried on a fresh socket (Lazy Pirate)."""
         for _attempt in range(self.retries + 1):
             self._check_connection()
+            self._mail.pop(None, None)  # a late reply to an earlier call is not this one's
+            since = time.monotonic()
             self._send(msg)
-            reply = self._next(None, self.connect_timeout_s)
+            reply = self._next(None, self.connect_timeout_s, since)
             if reply is None:
                 self._reconnect()
                 continue
@@ -167,8 +179,12 @@ class Client:
             poller.poll(left_ms)
             self._check_connection()
 
-    def _next(self, request_id: str | None, timeout_s: float) -> p.Message | None:
-        """The next message for ``request_id`` (None: replies without an id)."""
+    def _next(
+        self, request_id: str | None, timeout_s: float, since: float | None = None
+    ) -> p.Message | None:
+        """The next message for ``request_id`` (None: replies without an id), or None
+        after ``timeout_s``. ``since``: when the call began; RouterUnavailable once
+        the connection has been down for ``no_router_s`` of that time."""
         box = self._mail[request_id]
         if box:
             return box.popleft()
@@ -179,11 +195,18 @@ class Client:
         assert monitor is not None
         poller.register(monitor, zmq.POLLIN)
         while not box:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0 or not poller.poll(left_ms):
+            wait_s = deadline - time.monotonic()
+            if wait_s <= 0:
                 return None
+            if since is not None:
+                wait_s = self._link.bounded(since, wait_s)
+            poller.poll(int(wait_s * 1000) + 1)
             if monitor.poll(0):
-                self._on_lost(monitor)
+                self._on_events(monitor)
+            missing = None if since is None else self._link.absent(since)
+            if missing is not None:
+                self._link.restart(self._sock.sock)  # what it queued must not run later
+                raise missing
             while self._sock.poll(0):
                 msg = self._sock.recv()
                 if isinstance(msg, p.ProtocolError):
@@ -196,104 +219,31 @@ class Client:
     def _check_connection(self) -> None:
         """Read the connection's events so far (``_on_lost``); raise if the router
         refused our handshake, now or before."""
-        if self._refused is None and self._monitor is not None and self._monitor.poll(0):
-            self._on_lost(self._monitor)
-        if self._refused is not None:
-            raise HandshakeRefused(self._refused.message)
+        if self._link.refused is None and self._monitor is not None and self._monitor.poll(0):
+            self._on_events(self._monitor)
+        if self._link.refused is not None:
+            raise HandshakeRefused(self._link.refused.message)
 
-    def _on_lost(self, monitor: zmq.Socket) -> None:
-        """The connection closed: every open request fails now (none can be answered).
-        A refused handshake fails the client itself, and the call waiting without a
-        request id (``_call``) too."""
-        refused = None
+    def _on_events(self, monitor: zmq.Socket) -> None:
+        """Read the connection's events. A close fails every open request now (none
+        can be answered); a refused handshake fails the client itself, and the call
+        waiting without a request id (``_call``) too."""
+        kinds = set()
         while monitor.poll(0):
-            event = refusal(self.address, monitor.recv_multipart(), self._setup is not None)
-            refused = refused or event
-        if refused is not None:
-            self._refused = refused
+            kinds.add(self._link.read(monitor.recv_multipart()))
+        refused = self._link.refused
+        if REFUSED in kinds and refused is not None:
             stop_retrying(self._sock.sock, self.address)
             code, why, waiting = HANDSHAKE_REFUSED, refused.message, (*self._open, None)
-        else:
+        elif LOST in kinds:
             code, waiting = p.ROUTER_LOST, tuple(self._open)
             why = (
                 f"the connection to the router {self.address} closed while the request ran "
                 "(router stopped or restarted, or the request was too large): it is lost; "
                 "submit it again"
             )
+        else:  # the connection opened: nothing failed
+            return
         for rid in waiting:
             self._mail[rid].append(p.Error(code, why, rid))  # type: ignore[arg-type]
         self._open.clear()
-
-
-class Stream:
-    """Iterate for Deltas; ``result`` holds the finished Result afterwards. Leaving
-    the iteration before the end (``break``, an exception in the loop's body)
-    cancels the request, as the AsyncClient does: its worker's slot is freed."""
-
-    def __init__(self, client: Client, submit: p.Submit) -> None:
-        self.client = client
-        self.submit = submit
-        self.request_id = submit.request_id
-        self._asm = Assembly(submit.request_id)
-        self._accepted = False
-        self._send_with_retry()
-
-    @property
-    def result(self) -> Result:
-        if self._asm.result is None:
-            raise TandemError("the stream has not finished yet")
-        return self._asm.result
-
-    def __iter__(self) -> Iterator[Delta]:
-        c = self.client
-        rid = self.request_id
-        if self._asm.result is None and rid not in c._open and not c._mail.get(rid):
-            raise TandemError("this stream was left before its end: its request was cancelled")
-        try:
-            while self._asm.result is None:
-                msg = c._next(rid, c.timeout_s)
-                if msg is None:
-                    c.cancel(rid)
-                    self._close()
-                    raise RequestTimeout(f"no reply for {c.timeout_s}s", rid)
-                try:
-                    delta = self._asm.apply(msg)
-                except TandemError:
-                    self._close()
-                    raise
-                if delta is not None:
-                    yield delta
-            self._close()  # finished
-        finally:
-            if rid in c._open:  # the caller left mid-stream: free the worker's slot
-                if not c._sock.sock.closed:
-                    c.cancel(rid)
-                self._close()
-
-    def _close(self) -> None:
-        """Finished or failed: forget its mailbox; late messages for it are dropped."""
-        self.client._open.discard(self.request_id)
-        self.client._mail.pop(self.request_id, None)
-
-    def _send_with_retry(self) -> None:
-        """Send; if nothing comes back in time, probe the router. Alive: the request
-        waits there (e.g. for a first worker). Silent: send again on a fresh socket."""
-        c = self.client
-        try:
-            for _attempt in range(c.retries + 1):
-                c._check_connection()  # before it opens: an old close is not its loss
-                c._open.add(self.request_id)
-                c._send(self.submit)
-                msg = c._next(self.request_id, c.connect_timeout_s)
-                if msg is not None:
-                    c._mail[self.request_id].appendleft(msg)  # Accepted (or Error): iter reads it
-                    return
-                c._send(p.Hello(name="tandem-client"))
-                if c._next(None, c.connect_timeout_s) is not None:
-                    return  # the router is alive and holds the request
-                c._reconnect()
-        except BaseException:
-            self._close()  # e.g. BadRequest (too large): nothing stays open or watched
-            raise
-        self._close()
-        raise RequestTimeout(f"the router at {c.address} did not accept the request")

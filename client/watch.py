@@ -5,6 +5,12 @@ connects. Two kinds of event matter:
 
 - a closed connection (``DISCONNECTED``) loses every request in flight on it: the
   router answers on the connection a request came in on;
+- an open connection (``CONNECTED``: the TCP or IPC connect went through, which
+  the kernel and libzmq's I/O thread do even while the router's loop is busy);
+  a call that sees none for ``no_router_s`` of its own time fails with
+  RouterUnavailable: nothing listens at the address. (libzmq's ``CONNECT_RETRIED``
+  would say "refused" more precisely, but it comes every ~0.1 s for as long as no
+  router runs, and an idle client would queue them without end.)
 - a refused handshake (``HANDSHAKE_FAILED_*``: wrong or missing keys) means no
   request will ever get through. libzmq reports it once, as the connection is
   made, and then drops the connection for good (a wrong key) or retries it every
@@ -24,12 +30,13 @@ connection keeps failing; the refused client disconnects, which stops the retrie
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from tandem.client.errors import HandshakeRefused
+from tandem.client.errors import HandshakeRefused, RouterUnavailable
 
 REFUSALS = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "our key is not one it accepts",
@@ -38,7 +45,9 @@ REFUSALS = {
         "our key exchange got no answer (router.key in our keys folder may not be its key)"
     ),
 }
-EVENTS = zmq.EVENT_DISCONNECTED | sum(REFUSALS)
+EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | sum(REFUSALS)
+NO_ROUTER_S = 1.0  # a call that sees no connection this long: no router at the address
+LOST, REFUSED = "lost", "refused"  # what an event did to the connection (``Link.read``)
 
 
 def attach(sock: zmq.Socket) -> zmq.Socket:
@@ -71,3 +80,70 @@ def stop_retrying(sock: zmq.Socket, address: str) -> None:
     """Drop the connection of a refused client, so libzmq stops retrying it."""
     with contextlib.suppress(zmq.ZMQError):  # gone already: libzmq drops a refused key
         sock.disconnect(address)
+
+
+class Link:
+    """The connection as its monitor reported it: up or not, and since when.
+
+    A call asks ``absent(since)``: the RouterUnavailable to raise when the
+    connection has been down for ``no_router_s`` of the time since ``since`` (the
+    call's start). An inproc address reports no events: it is never judged absent.
+    """
+
+    def __init__(self, address: str, keyed: bool, no_router_s: float = NO_ROUTER_S) -> None:
+        self.address, self.keyed, self.no_router_s = address, keyed, no_router_s
+        self.judged = not address.startswith("inproc://")
+        self.up = False
+        self.down_since = time.monotonic()
+        self.refused: HandshakeRefused | None = None  # kept: no later call gets through
+
+    def read(self, frames: list[bytes]) -> str | None:
+        """Apply one monitor event; LOST for a closed connection, REFUSED for a
+        refused handshake (``refused`` holds the error), else None."""
+        event = parse_monitor_message(frames)["event"]
+        if event == zmq.EVENT_CONNECTED:
+            self.up = True
+            return None
+        if event == zmq.EVENT_DISCONNECTED:
+            self.went_down()
+            return LOST
+        refused = refusal(self.address, frames, self.keyed)
+        if refused is None:
+            return None
+        self.refused = self.refused or refused
+        return REFUSED
+
+    def went_down(self) -> None:
+        self.up, self.down_since = False, time.monotonic()
+
+    def wait_left(self, since: float) -> float | None:
+        """Seconds until ``absent(since)`` would fire; None while it cannot."""
+        if self.up or not self.judged or self.refused is not None:
+            return None
+        return max(0.0, max(self.down_since, since) + self.no_router_s - time.monotonic())
+
+    def bounded(self, since: float, wait_s: float) -> float:
+        """``wait_s``, or less: a waiting call wakes when ``absent(since)`` may fire."""
+        left = self.wait_left(since)
+        return wait_s if left is None else min(wait_s, left)
+
+    def absent(self, since: float) -> RouterUnavailable | None:
+        left = self.wait_left(since)
+        if left is None or left > 0:
+            return None
+        return RouterUnavailable(no_router_message(self.address, self.no_router_s))
+
+    def restart(self, sock: zmq.Socket) -> None:
+        """Reconnect ``sock``: what it queued for a router that never came is dropped
+        (a router started later must not run a request nobody waits for)."""
+        stop_retrying(sock, self.address)
+        sock.connect(self.address)
+        self.went_down()
+
+
+def no_router_message(address: str, waited_s: float) -> str:
+    return (
+        f"no router at {address}: nothing accepted a connection there in {waited_s:g} s. "
+        "Start one with `tandem serve` (or `tandem router`), or give the router's "
+        "address with --router or TANDEM_CLIENT_ADDR"
+    )

@@ -3,7 +3,9 @@
 A client of the router like any other (one ``AsyncClient``, one DEALER socket, every
 request multiplexed over it): no routing state lives here, so several gateways can
 front one router. The router's status, cached for ``status_ttl_s``, answers which
-model is served and whether any worker is there.
+model is served and whether any worker is there. While none is (workers starting),
+/health and /v1/models say "starting" and generation requests go through: the
+router holds them until a first worker registers.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tandem.client.aio import AsyncClient
-from tandem.client.errors import TandemError
+from tandem.client.errors import RouterLost, TandemError
 from tandem.client.session import Delta, Result
 from tandem.common import protocol as p
 from tandem.gateway.config import GatewayConfig
@@ -33,6 +35,7 @@ from tandem.gateway.parse import Generation, read_request
 from tandem.gateway.render import DONE_EVENT, Reply, sse
 
 log = logging.getLogger(__name__)
+STARTING = "starting"  # /health and /v1/models before a first worker registered
 STATUS_TIMEOUT_S = 3.0  # a router that does not answer status this fast is down for us
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -79,6 +82,10 @@ class Gateway:
             if self._status is None or self._status_at < oldest_ok:
                 try:
                     self._status = await self.status_client.status()
+                except RouterLost as exc:  # no router there, or it refuses our keys
+                    err = ApiError.from_tandem(exc)
+                    self._failed = (time.monotonic(), err)
+                    raise err from None
                 except TandemError as exc:
                     err = ApiError(503, f"the router does not answer: {exc}", "service_unavailable")
                     self._failed = (time.monotonic(), err)
@@ -87,18 +94,21 @@ class Gateway:
             return self._status
 
     async def served_model(self, asked: str | None) -> str:
-        """The model name to answer with; 503 without workers, 404 for another model.
+        """The model name to answer with; 404 for another model.
 
         A cached status that lists workers answers at once (refreshed in the
         background once stale), so requests do not wait on a status round trip;
-        one that lists none is asked again first (a worker may have joined)."""
+        one that lists none is asked again first (a worker may have joined). With
+        no worker yet the request goes on to the router, which holds it until one
+        registers (503 no_workers if none does in its --no-worker-wait-s): its model
+        name cannot be checked before a worker says which model it serves."""
         st = self._status
         if st is None or not st.workers:
             st = await self.status(fresh=True)
         elif time.monotonic() - self._status_at > self.cfg.status_ttl_s:
             self._refresh_in_background()
         if not st.workers:
-            raise ApiError(503, "no worker is connected to the router", "service_unavailable")
+            return asked or next(iter(self.cfg.model_aliases), "tandem")
         model = str(st.workers[0]["model"])
         if asked is None or asked == model or asked in self.cfg.model_aliases:
             return asked or model
@@ -244,8 +254,10 @@ class Gateway:
         self.authorize(request)
         st = await self.status()
         names = {str(w["model"]) for w in st.workers}
-        if names:
-            names |= set(self.cfg.model_aliases)
+        if not names:  # starting: the names it was told to serve under, if any
+            data = [_model(n, STARTING) for n in sorted(set(self.cfg.model_aliases))]
+            return JSONResponse({"object": "list", "data": data})
+        names |= set(self.cfg.model_aliases)
         return JSONResponse({"object": "list", "data": [_model(n) for n in sorted(names)]})
 
     async def model(self, request: Request) -> Response:
@@ -258,9 +270,10 @@ class Gateway:
             st = await self.status()
         except ApiError as exc:
             return JSONResponse({"status": "unavailable", "reason": exc.message}, 503)
-        ready = bool(st.workers)
-        body = {"status": "ok" if ready else "no_workers", "workers": len(st.workers)}
-        return JSONResponse(body, 200 if ready else 503)
+        if st.workers:
+            return JSONResponse({"status": "ok", "workers": len(st.workers)})
+        why = "no worker has registered yet (one registers once its model is loaded)"
+        return JSONResponse({"status": STARTING, "workers": 0, "reason": why}, 503)
 
 
 def build_app(cfg: GatewayConfig) -> Starlette:
@@ -294,5 +307,7 @@ def build_app(cfg: GatewayConfig) -> Starlette:
     return app
 
 
-def _model(name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "tandem"}
+def _model(name: str, status: str = "ready") -> dict[str, Any]:
+    """An OpenAI model object; ``status`` (ours: "ready" or STARTING) is an extra
+    field, which OpenAI's SDKs keep and ignore."""
+    return {"id": name, "object": "model", "created": 0, "owned_by": "tandem", "status": status}

@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from tandem.client.errors import HANDSHAKE_REFUSED, TandemError
+from tandem.client.errors import HANDSHAKE_REFUSED, ROUTER_UNAVAILABLE, TandemError
 from tandem.common import protocol as p
 
 # HTTP status and OpenAI error type for each tandem error code.
@@ -30,6 +30,7 @@ _BY_CODE: dict[str, tuple[int, str]] = {
     # request's fault, and not a bug in the gateway.
     p.ROUTER_LOST: (503, "service_unavailable"),
     HANDSHAKE_REFUSED: (503, "service_unavailable"),
+    ROUTER_UNAVAILABLE: (503, "service_unavailable"),  # no router runs at its address
     "timeout": (504, "timeout"),
 }
 _OPENAI_CODE = {p.PROMPT_TOO_LONG: "context_length_exceeded"}

@@ -7,7 +7,7 @@ import logging
 import uvicorn
 
 from tandem.client import Client, TandemError
-from tandem.client.errors import HandshakeRefused
+from tandem.client.errors import HandshakeRefused, RouterUnavailable
 from tandem.gateway.app import build_app
 from tandem.gateway.config import GatewayConfig
 from tandem.gateway.guard import ConnectionLimits, guarded_protocol
@@ -18,14 +18,18 @@ PROBE_S = 2.0  # how long start-up waits for a router that does not answer
 
 def refused_by_router(cfg: GatewayConfig) -> str | None:
     """Why the router refuses this gateway's handshake (its keys), or None. A router
-    that is away or slow is not refused: the gateway starts and /health says 503."""
+    that is away or slow is not refused: the gateway starts (``tandem serve`` starts
+    the router beside it), says so in its log, and answers 503 naming the cause
+    until the router is there."""
     try:
         with Client(cfg.router, connect_timeout_s=PROBE_S, retries=0, keys=cfg.keys) as c:
             c.status()
     except HandshakeRefused as exc:
         return exc.message
-    except TandemError:
-        pass
+    except RouterUnavailable as exc:
+        log.warning("gateway: %s; until one runs there, requests get 503", exc.message)
+    except TandemError as exc:
+        log.warning("gateway: the router at %s does not answer yet (%s)", cfg.router, exc)
     return None
 
 

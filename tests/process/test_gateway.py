@@ -196,14 +196,17 @@ def test_over_max_concurrent_is_a_429(served):
 
 
 def test_no_worker_is_a_503():
-    with Cluster() as empty:
+    """Starting: /health says so; a request waits at the router for a first worker,
+    and is a 503 no_workers once the router's wait for one runs out."""
+    with Cluster(router_args=["--no-worker-wait-s", "1"]) as empty:
         url = empty.start_gateway()
-        assert call(f"{url}/health")[0] == 503
+        status, body = call(f"{url}/health")
+        assert status == 503 and body["status"] == "starting"
         with pytest.raises(openai.InternalServerError) as e:
             sdk(url).chat.completions.create(
                 model="any", messages=[{"role": "user", "content": "hi"}]
             )
-        assert e.value.status_code == 503
+        assert e.value.status_code == 503 and e.value.code == "no_workers"
 
 
 def test_32_concurrent_streams_each_get_their_own_text(served):

@@ -1,8 +1,9 @@
 """Issue 28, items 3-6, measured the same way on two trees: malformed bodies, a
 slowloris flood under a 1,024-descriptor limit, and clients whose keys are refused.
 
-Uses only what both trees have (Cluster, the clients, raw sockets). One JSON line per
-scenario on stdout. Run from a tree's root: python docs/results/reliability/gateway_guard.py
+Uses only what both trees have (Cluster, the clients, raw sockets), so the one file
+runs on either. One JSON line per scenario on stdout. Run from a tree's root:
+python bench/gateway_guard.py (docs/results/reliability.md has both trees' lines).
 """
 
 from __future__ import annotations
