@@ -231,10 +231,9 @@ def warm_up(
         engine, _ = _engine(backend, max_active, step_tokens, clock, cache_tokens=cache)
         started = clock()
         until = started + deadline_s if deadline_s is not None and n == passes - 1 else None
-        if prefill_probe:
+        if prefill_probe:  # a full prefill chunk plus a partial one
             prompt = _prompt(rng, min(step_tokens + 17, backend.n_ctx - 1), backend.vocab_size)
-            params = SamplingParams(max_tokens=1, prefill_only=True)
-            engine.submit(Request("warm-prefill", prompt, params))
+            engine.submit(Request("warm-prefill", prompt, SamplingParams(1, prefill_only=True)))
             _drain(engine)
             done += 1
             _report(progress, done, total)
@@ -253,11 +252,7 @@ def warm_up(
                 tail = _prompt(rng, 1 + ragged * i, backend.vocab_size)
                 engine.submit(Request(f"warm-{b}-{i}", [*prefix, *tail], params))
             if not _drain(engine, until):
-                # Steps of a batch size given up were taken in a stall (C3 in
-                # docs/results/startup.md: 5 tok/s where it served 29-88): not kept.
-                stats = engine.timer.stats
-                for size in [s for s in stats.decode if s > measured]:
-                    del stats.decode[size]
+                _forget_above(engine.timer.stats, measured)
                 break
             measured = b
             done += 1
@@ -267,6 +262,14 @@ def warm_up(
     assert engine is not None
     engine.timer.stop()
     return WarmUp(clock() - t0, engine.timer.stats, context)
+
+
+def _forget_above(stats: StepStats, measured: int) -> None:
+    """Drop the decode steps of batch sizes above ``measured``: those of a stage given
+    up were taken in a stall (C3 in docs/results/startup.md: 5 tok/s where it then
+    served 29-88)."""
+    for size in [s for s in stats.decode if s > measured]:
+        del stats.decode[size]
 
 
 def _report(progress: Callable[[int, int], None] | None, done: int, total: int) -> None:
