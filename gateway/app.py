@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -31,6 +32,7 @@ from tandem.common import protocol as p
 from tandem.gateway.config import GatewayConfig
 from tandem.gateway.disconnect import ClientGone, EventStream, unless_disconnected
 from tandem.gateway.errors import EXCEPTION_HANDLERS, ApiError
+from tandem.gateway.metrics import HttpMetrics, MetricsMiddleware
 from tandem.gateway.parse import Generation, read_request
 from tandem.gateway.render import DONE_EVENT, Reply, sse
 
@@ -279,6 +281,7 @@ class Gateway:
 def build_app(cfg: GatewayConfig) -> Starlette:
     """The ASGI application (served by ``tandem gateway`` through uvicorn)."""
     gw = Gateway(cfg)
+    metrics = HttpMetrics()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -301,9 +304,16 @@ def build_app(cfg: GatewayConfig) -> Starlette:
         Route("/v1/models", gw.models, methods=["GET"]),
         Route("/v1/models/{model:path}", gw.model, methods=["GET"]),
         Route("/health", gw.health, methods=["GET"]),
+        Route("/metrics", metrics.endpoint, methods=["GET"]),  # no key, as /health
     ]
-    app = Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)  # type: ignore[arg-type]
+    app = Starlette(
+        routes=routes,
+        exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
+        lifespan=lifespan,
+        middleware=[Middleware(MetricsMiddleware, metrics=metrics)],  # type: ignore[arg-type]
+    )
     app.state.gateway = gw
+    app.state.metrics = metrics
     return app
 
 

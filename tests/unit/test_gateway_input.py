@@ -21,6 +21,7 @@ from tandem.gateway.app import build_app
 from tandem.gateway.config import GatewayConfig
 from tandem.gateway.errors import ApiError
 from tandem.gateway.parse import read_request
+from tests.gateway_fake import call
 
 MSGS = [{"role": "user", "content": "hi"}]
 CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
@@ -58,27 +59,7 @@ async def _app() -> Any:
 
 
 async def _post(app: Any, path: str, body: bytes) -> tuple[int, bytes]:
-    scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
-        "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000),
-        "headers": [(b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode())],
-    }  # fmt: skip
-    incoming = [{"type": "http.request", "body": body, "more_body": False}]
-    sent: list[dict] = []
-
-    async def receive() -> dict:
-        if incoming:
-            return incoming.pop()
-        await asyncio.sleep(3600)  # the client never leaves
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
-    await app(scope, receive, send)
-    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+    return await call(app, "POST", path, body)
 
 
 def post(path: str, body: bytes) -> tuple[int, bytes]:
