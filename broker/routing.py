@@ -16,6 +16,7 @@ from tandem.broker.ledger import PromptBlocks
 from tandem.broker.policies import Decision, Forced, NoCandidate, RouteRequest, parse_policy
 from tandem.broker.registry import Routed, WorkerState
 from tandem.broker.requests import ClientRequest, prompt_tokens
+from tandem.broker.tokenize import prompt_chars
 from tandem.common import protocol as p
 
 # Relative: mypy checks broker/ as files, and sees the core's base classes (so the
@@ -40,7 +41,8 @@ class Routing(CoreState):
             self.pending.popleft()
             routed += 1
             if self.tokenizer is not None and self.tokenizing.wants(req):
-                self.tokenizing.start(req, self.tokenizer)  # back when tokenized
+                if not self._beyond_every_context(req):
+                    self.tokenizing.start(req, self.tokenizer)  # back when tokenized
                 continue
             try:
                 placed = self.route(req, now)
@@ -52,6 +54,29 @@ class Routing(CoreState):
                 self.pending.appendleft(req)
                 return False
         return False
+
+    def _beyond_every_context(self, req: ClientRequest) -> bool:
+        """Fail ``req`` now when its text alone is more tokens than any worker's context
+        holds: each token stands for at most ``max_piece_chars`` characters, so the
+        prompt's length bounds its token count from below, and a 1 Mi-character prompt
+        against 8 Ki-token contexts is refused without the ~0.9 s of tokenizing it nor
+        the ~10 ms its 270k ids take to become a list under the GIL (the longest the
+        loop stood still in docs/results/reliability.md's flood)."""
+        per_token = self.tokenizer.max_piece_chars if self.tokenizer is not None else None
+        if per_token is None:
+            return False
+        least = prompt_chars(req.submit) // per_token
+        if any(w.fits(least, req.budget_left) for w in self.workers.values()):
+            return False
+        limit = max(w.info.n_ctx for w in self.workers.values())
+        self._fail(
+            req,
+            p.PROMPT_TOO_LONG,
+            f"the prompt ({prompt_chars(req.submit)} characters, so at least {least} "
+            f"tokens) + max_tokens ({req.budget_left}) exceeds every worker's context "
+            f"(largest {limit}) or max_tokens limit",
+        )
+        return True
 
     def tokenized(self) -> None:
         """Requests whose prompts were tokenized beside the loop go back to the head of

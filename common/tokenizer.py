@@ -19,7 +19,7 @@ from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import AddedToken, Tokenizer
+from tokenizers import AddedToken, Tokenizer, models
 
 from tandem.common.bpe import LLAMA3_PRES, bpe_tokenizer
 from tandem.common.gguf_file import read_gguf_header
@@ -249,6 +249,27 @@ class TextTokenizer:
             ids.insert(0, self.spec.bos_id)
         return ids
 
+    @functools.cached_property
+    def max_piece_chars(self) -> int | None:
+        """The most characters of text one token can stand for, so that a text of
+        ``c`` characters encodes to at least ``c / max_piece_chars`` tokens: what lets
+        the router refuse a prompt no worker's context could hold without tokenizing
+        it. A vocabulary entry's length bounds what it matches (byte-level entries
+        spell one character per byte, and a character is at least a byte). None where
+        the tokenizer's normalizer may shorten the text (NFC composes characters) or
+        an unknown stretch of text may become one token (a word-level model's or a
+        BPE's unknown token without byte fallback): then no such bound holds."""
+        model, normalizer = self._tok.model, self._tok.normalizer
+        if not isinstance(model, models.BPE):
+            return None
+        if normalizer is not None and not _never_shortens(json.loads(normalizer.__getstate__())):
+            return None  # (the normalizer's own JSON: small, unlike the spec's)
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        every_byte = model.byte_fallback and all(f"<0x{b:02X}>" in vocab for b in range(256))
+        if model.unk_token is not None and not every_byte:
+            return None
+        return max(map(len, vocab), default=1) or 1
+
     def decode(self, ids: list[int], *, skip_special: bool = False) -> str:
         """Text of `ids`; an incomplete UTF-8 sequence at the end decodes as U+FFFD."""
         return self._tok.decode(list(ids), skip_special_tokens=skip_special)
@@ -277,6 +298,23 @@ class TextTokenizer:
 
     def _token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else (self._tok.id_to_token(token_id) or "")
+
+
+def _never_shortens(normalizer: dict[str, Any] | None) -> bool:
+    """Whether a tokenizers normalizer (its JSON form) keeps every character or adds
+    some: none at all, prepending, lowercasing, or replacing a literal with one at
+    least as long (SentencePiece's space -> U+2581)."""
+    if normalizer is None:
+        return True
+    kind = normalizer.get("type")
+    if kind == "Sequence":
+        return all(_never_shortens(n) for n in normalizer.get("normalizers", []))
+    if kind in ("Prepend", "Lowercase"):
+        return True
+    if kind == "Replace":
+        literal = normalizer.get("pattern", {}).get("String")
+        return literal is not None and len(normalizer.get("content", "")) >= len(literal)
+    return False
 
 
 def _check_messages(messages: object) -> None:

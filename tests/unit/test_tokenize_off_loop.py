@@ -125,3 +125,19 @@ def test_the_serving_loop_wakes_for_a_finished_prompt(tmp_path):
         stop.set()
         loop.join(5)
     h.close()
+
+
+def test_a_prompt_longer_than_every_context_is_refused_untokenized(gated):
+    """Each token stands for at most ``max_piece_chars`` characters: a prompt whose
+    characters alone are more tokens than any worker's context (8192 here) fails at
+    once, and no thread spends time tokenizing it."""
+    h, gate = gated
+    gate.max_piece_chars = 4  # as if the longest vocabulary entry were 4 characters
+    h.client.send(p.Submit("huge", prompt="x" * (4 * 8190), sampling=p.SamplingParams(4)))
+    h.client.send(p.Submit("fits", prompt="x" * (4 * 8187), sampling=p.SamplingParams(4)))
+    h.pump()
+    err = h.recv(h.client)
+    assert isinstance(err, p.Error) and err.code == p.PROMPT_TOO_LONG
+    assert err.request_id == "huge" and "at least 8190 tokens" in err.message
+    jobs = {r.submit.request_id for r, _ in h.router.tokenizing._jobs.values()}
+    assert jobs == {"fits"}  # the one that may fit is tokenized as before
