@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import socket
 import urllib.parse
 from dataclasses import dataclass
@@ -78,6 +79,30 @@ class HubName:
     def __str__(self) -> str:
         tail = f"/{self.file}" if self.file else f":{self.quant}" if self.quant else ""
         return self.repo + tail
+
+
+# A quantization at the end of a GGUF file's stem (``.Q4_1``, ``-Q4_K_M``, ``.IQ3_XS``,
+# ``-F16``, ``.BF16``): dropped from its display name, which names the model, not the file.
+_QUANT_TAIL = re.compile(r"[.\-_](?:I?Q\d\w*|B?F16|F32)$", re.IGNORECASE)
+
+
+def model_display_name(name: str | None) -> str:
+    """The model's name as clients see it (the gateway's ``/v1/models`` id, the alias
+    ``tandem serve`` gives it): a Hugging Face name is its repo id (``ORG/NAME``,
+    without file or quantization); a path or a worker's model file name is the file's
+    stem without ``.gguf`` and its quantization (``SmolLM2-135M-Instruct``), or an MLX
+    folder's name; None is the embedded default's. By name only, never the file: the
+    plan, the gateway and a worker agree on it without one. The GGUF's own
+    ``general.name`` is free text (the default model's is "Smollm2 135M 8k Lc100K Mix1
+    Ep2"), so it is not used."""
+    if not name:
+        name = DEFAULT_MODEL_FILE
+    hub = HubName.parse(name) if not Path(name).expanduser().exists() else None
+    if hub is not None:
+        return hub.repo
+    base = Path(name.rstrip("/")).name or name
+    stem = base[: -len(".gguf")] if base.lower().endswith(".gguf") else base
+    return _QUANT_TAIL.sub("", stem) or stem
 
 
 def hf_cache_dir() -> Path:

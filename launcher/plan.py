@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from tandem.common.model_files import HubName
+from tandem.common.model_files import HubName, model_display_name
 from tandem.common.settings import addresses, env_str
 from tandem.launcher.config import WORKER_EXTRA, ServeConfig
 from tandem.launcher.devices import Device
@@ -134,10 +134,7 @@ def make_plan(
     if not port_text.isdigit():
         raise ValueError(f"[gateway] port must be a port number, not {port_text!r}")
     port = int(port_text)
-    if cfg.model and HubName.parse(cfg.model):  # clients may ask for it by its hub name
-        aliases = gw.get("model_alias", [])
-        aliases = [aliases] if isinstance(aliases, str) else list(aliases)
-        gw["model_alias"] = aliases + [cfg.model] * (cfg.model not in aliases)
+    gw["model_alias"] = _aliases(cfg, gw.get("model_alias", []))
     gw_values = {"router": client, "host": host, "port": port, **gw}
     procs = [Proc("router", "router", router_argv)]
     procs += _workers(cfg, cmds["worker"], worker_addr, model_path, progress)
@@ -151,6 +148,20 @@ def make_plan(
     url_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     url = f"http://{url_host}:{port}"
     return Plan(tuple(procs), remote, client, worker_addr, url, api_key, f"{host}:{port}")
+
+
+def _aliases(cfg: ServeConfig, given: str | list[str]) -> list[str]:
+    """The gateway's model names: those given, the model's display name (so /v1/models
+    lists it while workers start, and clients may ask for it by it) and the hub name
+    it was served by."""
+    model = cfg.model or next(
+        (w["model"] for w in cfg.workers if _local(w) and w.get("model")), None
+    )
+    names = [given] if isinstance(given, str) else list(given)
+    names.append(model_display_name(model))
+    if model and HubName.parse(model):  # clients may ask for it by its hub name
+        names.append(model)
+    return list(dict.fromkeys(names))  # in order, once each
 
 
 def _workers(

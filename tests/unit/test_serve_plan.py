@@ -11,7 +11,12 @@ import pytest
 from click.testing import CliRunner
 
 from tandem.cli.serve import COMMANDS, serve
-from tandem.common.model_files import ModelNotFound, default_model_path, resolve_model
+from tandem.common.model_files import (
+    ModelNotFound,
+    default_model_path,
+    model_display_name,
+    resolve_model,
+)
 from tandem.launcher import config as conf
 from tandem.launcher import devices as dev
 from tandem.launcher.cluster import free_tcp_port
@@ -80,6 +85,34 @@ def test_cpu_only_box_keeps_one_thread_and_refuses_a_gpu(monkeypatch):
     assert result.exit_code != 0 and "this machine has cpu" in result.output
 
 
+def test_the_gateway_always_knows_the_model_by_its_display_name(monkeypatch, tmp_path):
+    """So /v1/models lists it while the workers start (models.list().data[0].id)."""
+    procs = dry_run(monkeypatch, CPU_ONLY)
+    assert flag(procs["gateway"], "--model-alias") == "SmolLM2-135M-Instruct"  # the default
+    gguf = tmp_path / "tiny-model.Q8_0.gguf"
+    gguf.write_bytes(b"GGUF")
+    procs = dry_run(monkeypatch, CPU_ONLY, str(gguf))
+    assert flag(procs["gateway"], "--model-alias") == "tiny-model"
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        (None, "SmolLM2-135M-Instruct"),
+        ("SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct"),
+        ("/models/qwen2-0_5b-instruct-q4_k_m.gguf", "qwen2-0_5b-instruct"),
+        ("/models/llama-IQ3_XS.gguf", "llama"),
+        ("/models/phi-bf16.gguf", "phi"),
+        ("/models/Q8_0.gguf", "Q8_0"),  # nothing but a quantization: kept
+        ("org/Name-GGUF:Q4_K_M", "org/Name-GGUF"),
+        ("org/Name-GGUF/name-Q4_K_M.gguf", "org/Name-GGUF"),
+        ("/models/mlx-Qwen2-0.5B/", "mlx-Qwen2-0.5B"),
+    ],
+)
+def test_a_model_display_name_is_its_repo_or_its_file_without_quantization(name, shown):
+    assert model_display_name(name) == shown
+
+
 CONFIG = """
 model = "org/Tiny-GGUF:Q4_K_M"
 [router]
@@ -116,8 +149,9 @@ def test_config_round_trip_gives_the_same_plan(tmp_path, monkeypatch):
     assert plan.remote == ("gpu-box",) and plan.url.endswith(":9000") and plan.api_key == "k"
     router, cpu0, gateway = (list(p.argv) for p in plan.procs)
     assert "--no-calibrate" in router and flag(cpu0, "--n-ctx") == "2048"
-    assert gateway.count("--model-alias") == 3  # tiny, small, and the hub name served
-    assert gateway[-1] == "org/Tiny-GGUF:Q4_K_M"
+    # tiny, small, the model's display name (its repo id) and the hub name it was served by
+    aliases = [gateway[i + 1] for i, a in enumerate(gateway) if a == "--model-alias"]
+    assert aliases == ["tiny", "small", "org/Tiny-GGUF", "org/Tiny-GGUF:Q4_K_M"]
     # Flags override the file.
     procs = dry_run(monkeypatch, MAC, "--config", str(first), "--port", "9100", "--threads", "3")
     assert flag(procs["gateway"], "--port") == "9100" and flag(procs["cpu0"], "--threads") == "3"
