@@ -244,6 +244,7 @@ class WorkerState:
             "device": self.info.device,
             "model": self.info.model,
             "max_active": self.info.max_active,
+            "n_ctx": self.info.n_ctx,
             "active": len(hb.active) if hb else 0,
             "queued": len(hb.queued) if hb else 0,
             "inflight": len(self.inflight),

@@ -22,6 +22,8 @@ class Result:
     finish_reason: p.FinishReason
     stats: dict[str, Any]
     worker: str | None = None
+    # One per output token when the request asked for logprobs (SamplingParams.logprobs).
+    logprobs: list[p.TokenLogprob] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -40,6 +42,7 @@ class Delta:
 
     token_ids: list[int]
     text: str
+    logprobs: list[p.TokenLogprob] | None = None  # aligned with token_ids, when asked for
 
 
 SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(p.SamplingParams))

@@ -33,11 +33,11 @@ from tandem.gateway.config import GatewayConfig
 from tandem.gateway.disconnect import ClientGone, EventStream, unless_disconnected
 from tandem.gateway.errors import EXCEPTION_HANDLERS, ApiError
 from tandem.gateway.metrics import HttpMetrics, MetricsMiddleware
+from tandem.gateway.models import STARTING, display_name, model_list, model_object, served_as
 from tandem.gateway.parse import Generation, read_request
 from tandem.gateway.render import DONE_EVENT, Reply, sse
 
 log = logging.getLogger(__name__)
-STARTING = "starting"  # /health and /v1/models before a first worker registered
 STATUS_TIMEOUT_S = 3.0  # a router that does not answer status this fast is down for us
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -111,9 +111,12 @@ class Gateway:
             self._refresh_in_background()
         if not st.workers:
             return asked or next(iter(self.cfg.model_aliases), "tandem")
-        model = str(st.workers[0]["model"])
-        if asked is None or asked == model or asked in self.cfg.model_aliases:
+        model = display_name(str(st.workers[0]["model"]))
+        if asked is None or asked in self.cfg.model_aliases:
             return asked or model
+        served = served_as(st.workers, asked)
+        if served is not None:
+            return served
         raise ApiError(
             404,
             f"the model {asked!r} does not exist; this server has {model!r}",
@@ -236,8 +239,10 @@ class Gateway:
                 item = await anext(events)  # type: ignore[assignment]
             while isinstance(item, Delta):
                 if role:
-                    yield reply.chunk(item.text, role=True)
+                    yield reply.chunk(item.text, role=True, logprobs=item.logprobs)
                     role = False
+                elif item.logprobs is not None:  # even with no text yet: none is lost
+                    yield reply.chunk(item.text, logprobs=item.logprobs)
                 elif item.text:
                     yield reply.text_chunk(item.text)
                 item = await anext(events)
@@ -254,18 +259,19 @@ class Gateway:
     # ------------------------------------------------------------ other endpoints
     async def models(self, request: Request) -> Response:
         self.authorize(request)
-        st = await self.status()
-        names = {str(w["model"]) for w in st.workers}
-        if not names:  # starting: the names it was told to serve under, if any
-            data = [_model(n, STARTING) for n in sorted(set(self.cfg.model_aliases))]
-            return JSONResponse({"object": "list", "data": data})
-        names |= set(self.cfg.model_aliases)
-        return JSONResponse({"object": "list", "data": [_model(n) for n in sorted(names)]})
+        st = await self.status()  # starting: the names it was told to serve under, if any
+        data = model_list(st.workers, self.cfg.model_aliases)
+        return JSONResponse({"object": "list", "data": data})
 
     async def model(self, request: Request) -> Response:
-        """``GET /v1/models/{id}``: the model, or 404 (503 without workers)."""
+        """``GET /v1/models/{id}``: the model, or 404."""
         self.authorize(request)
-        return JSONResponse(_model(await self.served_model(request.path_params["model"])))
+        name = await self.served_model(request.path_params["model"])
+        listed = {m["id"]: m for m in model_list(self._status_workers(), self.cfg.model_aliases)}
+        return JSONResponse(listed.get(name) or model_object(name, None, STARTING))
+
+    def _status_workers(self) -> list[dict[str, Any]]:
+        return self._status.workers if self._status is not None else []
 
     async def health(self, request: Request) -> Response:
         try:
@@ -315,9 +321,3 @@ def build_app(cfg: GatewayConfig) -> Starlette:
     app.state.gateway = gw
     app.state.metrics = metrics
     return app
-
-
-def _model(name: str, status: str = "ready") -> dict[str, Any]:
-    """An OpenAI model object; ``status`` (ours: "ready" or STARTING) is an extra
-    field, which OpenAI's SDKs keep and ignore."""
-    return {"id": name, "object": "model", "created": 0, "owned_by": "tandem", "status": status}

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.client.session import Result
+from tandem.common import protocol as p
 
 # tandem's finish reasons in OpenAI's vocabulary: an end-of-generation token is a stop.
 FINISH_REASONS = {"stop": "stop", "eos": "stop", "length": "length"}
@@ -34,6 +35,41 @@ def finish_reason(reason: str) -> str:
     return FINISH_REASONS.get(reason, reason)
 
 
+def chat_logprobs(lps: list[p.TokenLogprob]) -> dict[str, Any]:
+    """OpenAI's chat ``choices[].logprobs`` for these tokens (a whole answer's or one
+    chunk's). ``bytes``: the UTF-8 of the token's text as the worker decoded it."""
+    return {
+        "content": [
+            {
+                "token": t.token,
+                "logprob": t.logprob,
+                "bytes": list(t.token.encode()),
+                "top_logprobs": [
+                    {"token": s, "logprob": lp, "bytes": list(s.encode())} for _, s, lp in t.top
+                ],
+            }
+            for t in lps
+        ],
+        "refusal": None,
+    }
+
+
+def completion_logprobs(lps: list[p.TokenLogprob], offset: int = 0) -> dict[str, Any]:
+    """OpenAI's legacy completions ``choices[].logprobs`` for these tokens; ``offset``:
+    the characters of output before the first (``text_offset`` counts from the
+    completion's start: the prompt is not echoed)."""
+    offsets = []
+    for t in lps:
+        offsets.append(offset)
+        offset += len(t.token)
+    return {
+        "tokens": [t.token for t in lps],
+        "token_logprobs": [t.logprob for t in lps],
+        "top_logprobs": [{s: lp for _, s, lp in t.top} for t in lps],
+        "text_offset": offsets,
+    }
+
+
 def sse(obj: dict[str, Any]) -> bytes:
     """One server-sent event carrying ``obj`` as compact JSON."""
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
@@ -46,6 +82,7 @@ class Reply:
     model: str
     created: int = field(default_factory=lambda: int(time.time()))
     _cut: tuple[bytes, bytes] | None = field(default=None, repr=False)
+    _offset: int = 0  # completions: output characters before the next chunk's logprobs
 
     @property
     def id(self) -> str:
@@ -56,7 +93,7 @@ class Reply:
 
     def complete(self, result: Result) -> dict[str, Any]:
         """The whole (non-streamed) response."""
-        choice: dict[str, Any] = {"index": 0, "logprobs": None}
+        choice: dict[str, Any] = {"index": 0, "logprobs": self._logprobs(result.logprobs)}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": result.text}
         else:
@@ -71,8 +108,24 @@ class Reply:
             "tandem": extras(result),
         }
 
-    def chunk(self, text: str | None, finish: str | None = None, role: bool = False) -> bytes:
-        """One streamed chunk: new ``text``, the opening role (chat), or the finish reason."""
+    def _logprobs(self, lps: list[p.TokenLogprob] | None) -> dict[str, Any] | None:
+        if lps is None:
+            return None
+        if self.chat:
+            return chat_logprobs(lps)
+        out = completion_logprobs(lps, self._offset)
+        self._offset += sum(len(t.token) for t in lps)
+        return out
+
+    def chunk(
+        self,
+        text: str | None,
+        finish: str | None = None,
+        role: bool = False,
+        logprobs: list[p.TokenLogprob] | None = None,
+    ) -> bytes:
+        """One streamed chunk: new ``text`` (with its tokens' ``logprobs`` when asked
+        for), the opening role (chat), or the finish reason."""
         choice: dict[str, Any] = {"index": 0}
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
@@ -81,7 +134,7 @@ class Reply:
             choice["delta"] = delta
         else:
             choice["text"] = text or ""
-        choice["logprobs"] = None
+        choice["logprobs"] = self._logprobs(logprobs)
         choice["finish_reason"] = finish_reason(finish) if finish else None
         return sse({**self._head(self._chunk_object), "choices": [choice]})
 
