@@ -30,6 +30,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -73,15 +75,41 @@ class StartPrices:
     adopt: WarmUp | None  # a full warm-up's steps, which the serving engine starts from
 
 
+class Eta:
+    """Seconds a measurement has left, for the worker's announcements: from the pace
+    of its stages so far, never past a quick measurement's deadline; before the
+    first stage ends, a quick one's budget (a full one: unknown)."""
+
+    def __init__(self, quick: bool, clock: Callable[[], float] = time.monotonic) -> None:
+        self.quick, self.clock, self.t0 = quick, clock, clock()
+
+    def __call__(self, done: int, total: int) -> float | None:
+        elapsed = self.clock() - self.t0
+        pace = elapsed / done * max(0, total - done) if done > 0 else None
+        if self.quick:
+            pace = min(QUICK_BUDGET_S if pace is None else pace, QUICK_DEADLINE_S - elapsed)
+        return None if pace is None else max(0.0, pace)
+
+
 def start_prices(
-    cfg: WorkerConfig, backend: Backend, worker_id: str, progress: Progress
+    cfg: WorkerConfig,
+    backend: Backend,
+    worker_id: str,
+    progress: Progress,
+    announce: Callable[[str, float | None], None] | None = None,
 ) -> StartPrices:
-    """Measure what ``cfg.measurement`` asks for (reporting each stage) and price."""
+    """Measure what ``cfg.measurement`` asks for (reporting each stage, and to
+    ``announce(stage, eta_s)`` its seconds left) and price."""
     told = told_rates(cfg, backend)
     mode = cfg.measurement(backend.device, told is not None)
+    eta = Eta(quick=mode == "quick")
+    announce = announce or (lambda stage, eta_s: None)
+    if mode != "none":
+        announce("measuring", eta(0, 1))
 
     def stage(done: int, total: int) -> None:
         progress("measuring", worker_id=worker_id, done=done, total=total)
+        announce("measuring", eta(done, total))
 
     warm = None
     if mode != "none":
