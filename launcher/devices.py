@@ -38,6 +38,9 @@ class Device:
     index: int = 0  # which GPU of its kind (CUDA_VISIBLE_DEVICES)
     cores: int = 0  # cpu: the cores it may use
     env: dict[str, str] = field(default_factory=dict)
+    # Every backend installed here that can drive it, ``backend`` first: a GPU box
+    # with MLX and a CUDA build of llama.cpp can run both engines on its GPU.
+    engines: tuple[str, ...] = ()
 
     @property
     def gpu(self) -> bool:
@@ -52,18 +55,26 @@ def devices(m: Machine) -> list[Device]:
     """The machine's devices, CPU first. Apple silicon: Metal through MLX, else through
     a Metal build of llama.cpp. NVIDIA: one device per GPU through MLX-CUDA, else
     through a CUDA build of llama.cpp."""
-    found = [Device("cpu", "llama.cpp" if m.llama else "mlx", cores=m.cores)]
+    cpu = "llama.cpp" if m.llama else "mlx"
+    found = [Device("cpu", cpu, cores=m.cores, engines=(cpu,))]
     if m.system == "Darwin" and m.arch == "arm64":
-        if m.mlx_metal or m.llama_gpu:
-            found.append(Device("metal", "mlx" if m.mlx_metal else "llama.cpp"))
+        engines = _gpu_engines(m.mlx_metal, m.llama_gpu)
+        if engines:
+            found.append(Device("metal", engines[0], engines=engines))
         return found
-    if m.mlx_cuda or (m.llama_gpu and m.system == "Linux"):
-        backend = "mlx" if m.mlx_cuda else "llama.cpp"
+    engines = _gpu_engines(m.mlx_cuda, m.llama_gpu and m.system == "Linux")
+    if engines:
         for i in range(max(1, m.cuda_gpus)):
             # One GPU per worker: MLX and llama.cpp each use the first one they see.
             env = {"CUDA_VISIBLE_DEVICES": str(i)} if m.cuda_gpus > 1 else {}
-            found.append(Device("cuda", backend, index=i, env=env))
+            found.append(Device("cuda", engines[0], index=i, env=env, engines=engines))
     return found
+
+
+def _gpu_engines(mlx: bool, llama: bool) -> tuple[str, ...]:
+    """The backends that can drive a GPU, the default first (MLX, as before llama.cpp
+    had a GPU worker; docs/results/h200/ measures which serves faster)."""
+    return ("mlx",) * mlx + ("llama.cpp",) * llama
 
 
 def hints(m: Machine) -> list[str]:
