@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import random
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,7 +21,6 @@ import llama_cpp as L
 
 from tandem.common.gguf_file import weights_digest
 from tandem.common.tokenizer import TokenizerSpec, tokenizer_spec_from_gguf
-from tandem.workers.backends import llama_sampling, llama_state
 from tandem.workers.backends.llama_params import placement
 from tandem.workers.engine import KVFull
 from tandem.workers.prefix_cache import Match
@@ -53,7 +53,6 @@ class LlamaBackend:
     """A llama.cpp model + context serving up to ``max_active`` sequences at once."""
 
     name = "llama.cpp"
-    capabilities = llama_sampling.CAPABILITIES
 
     @classmethod
     def from_config(cls, cfg: WorkerConfig, model: Path) -> LlamaBackend:
@@ -66,7 +65,6 @@ class LlamaBackend:
             cache_entries=cfg.engine.cache_entries,
             step_tokens=cfg.engine.step_tokens,
             device=device,
-            cache_tokens=cfg.engine.cache_tokens or 0,
         )
 
     def __init__(
@@ -75,13 +73,10 @@ class LlamaBackend:
         n_ctx: int = 8192,
         threads: int = 2,
         max_active: int = 4,
-        cache_entries: int | None = 16,
+        cache_entries: int = 16,
         step_tokens: int = 256,
         device: str = "cpu",
-        cache_tokens: int = 0,
     ) -> None:
-        """``n_ctx`` KV cells for active requests, ``cache_tokens`` more for the prefix
-        cache's device tier (workers/memory.py sizes it)."""
         _init_backend()
         self.model_path = Path(model_path)
         # gpu / gpu-*: every layer and the KV on the GPU of a CUDA/Metal build; cpu: no
@@ -94,16 +89,15 @@ class LlamaBackend:
         self.vocab = L.llama_model_get_vocab(self.model)
         self.vocab_size = L.llama_vocab_n_tokens(self.vocab)
         cparams = L.llama_context_default_params()
-        cparams.n_ctx = n_ctx + cache_tokens
+        cparams.n_ctx = n_ctx
         place.tune_context(cparams, step_tokens)
-        cparams.n_seq_max = llama_state.sequences(max_active, cache_entries)
+        cparams.n_seq_max = max_active + cache_entries + 1
         cparams.n_threads = cparams.n_threads_batch = threads
         cparams.kv_unified = True
         self.ctx = L.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             raise ValueError("llama.cpp could not create a context (n_ctx too large?)")
-        self.n_ctx = L.llama_n_ctx(self.ctx) - cache_tokens
-        self.max_cache_entries = cparams.n_seq_max - max_active - 1
+        self.n_ctx = L.llama_n_ctx(self.ctx)
         self.mem = L.llama_get_memory(self.ctx)
         self.free_seqs = list(range(cparams.n_seq_max - 1, -1, -1))
         self.batch = L.llama_batch_init(step_tokens, 0, 1)
@@ -117,31 +111,24 @@ class LlamaBackend:
 
     # ------------------------------------------------------------ slots
     def begin(self, req: Request, match: Match) -> None:
-        chain = llama_sampling.build_chain(req, self.vocab, self.vocab_size, self.n_ctx)
         seq = self.free_seqs.pop()
         L.llama_memory_seq_rm(self.mem, seq, -1, -1)
         if match.entry is not None and match.n_tokens > 0:
             # Shares the cached cells (unified KV): no prefill, no copy.
             L.llama_memory_seq_cp(self.mem, match.entry.handle, seq, 0, match.n_tokens)
         req.slot = seq
-        req.sampler = chain
+        req.sampler = self._sampler(req)
 
     def end(self, req: Request) -> int:
-        llama_sampling.free_chain(req.sampler)
-        req.sampler = None
+        if req.sampler is not None:
+            L.llama_sampler_free(req.sampler)
+            req.sampler = None
         seq, req.slot = req.slot, None
         return seq
 
     def free(self, handle: int) -> None:
         L.llama_memory_seq_rm(self.mem, handle, -1, -1)
         self.free_seqs.append(handle)
-
-    def save(self, handle: int) -> llama_state.SeqState | None:
-        """The prefix cache's host tier: a host-RAM copy of a cached sequence."""
-        return llama_state.save(self, handle)
-
-    def restore(self, state: llama_state.SeqState) -> int | None:
-        return llama_state.restore(self, state)
 
     # ------------------------------------------------------------ the step
     def run(self, decode: list[Request], prefill: list[tuple[Request, int]]) -> dict[str, int]:
@@ -163,7 +150,7 @@ class LlamaBackend:
             raise KVFull()
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with {rc}")
-        return {r.id: llama_sampling.sample(r, self.ctx, i, self.vocab_size) for r, i in rows}
+        return {r.id: L.llama_sampler_sample(r.sampler, self.ctx, i) for r, i in rows}
 
     def _put(self, n: int, token: int, pos: int, seq: int, logits: bool) -> int:
         if n >= self.batch_cap:
@@ -174,9 +161,19 @@ class LlamaBackend:
         b.logits[n] = 1 if logits else 0
         return n + 1
 
-    def problem(self, req: Request) -> str | None:
-        """Why this backend cannot serve ``req``'s sampling, or None (engine._check)."""
-        return llama_sampling.request_problem(req, self.vocab)
+    def _sampler(self, req: Request):  # noqa: ANN202 - a ctypes pointer
+        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        if req.sampling.temperature <= 0:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
+            return chain
+        if req.sampling.top_k > 0:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(req.sampling.top_k))
+        if req.sampling.top_p < 1.0:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_p(req.sampling.top_p, 1))
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(req.sampling.temperature))
+        seed = req.sampling.seed if req.sampling.seed is not None else random.getrandbits(32)
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(seed))
+        return chain
 
     # ------------------------------------------------------------ tokens
     def piece(self, token: int) -> bytes:
