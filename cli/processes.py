@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
 
 import click
 
@@ -15,6 +16,8 @@ from tandem.cli.options import config_default, cpus_option, field_option, keys_o
 from tandem.common.settings import DEFAULT_CLIENT_ADDR, DEFAULT_WORKER_ADDR, Addresses
 from tandem.workers.backends import BACKENDS
 from tandem.workers.config import WARMUP, EngineConfig, WorkerConfig
+from tandem.workers.memory import parse_bytes
+from tandem.workers.prefix_cache import POLICIES
 
 R, E, W, A = RouterConfig, EngineConfig, WorkerConfig, AdmissionConfig
 
@@ -129,6 +132,25 @@ def router(
     sys.exit(run_router(cfg))
 
 
+def cache_memory_options(f: Any) -> Any:
+    """The prefix cache's memory flags (workers/memory.py says what each default is)."""
+    frac = click.FloatRange(0, 1)
+    for name, kind, text in (
+        ("--cache-policy", click.Choice(POLICIES), "Eviction: value (what is shared or long "
+         "stays longer) or lru."),
+        ("--host-cache-mem", str, "The host-RAM tier's size (e.g. 4GiB) [default: a share of "
+         "host RAM, llama.cpp only]."),
+        ("--host-cache-mem-frac", frac, "The host-RAM tier's share of available host RAM."),
+        ("--cache-mem", str, "The device tier's size (e.g. 2GiB; K/M/G are powers of 1024)."),
+        ("--cache-mem-frac", frac, "The device tier's share of the device's available "
+         "memory (GPU: free memory; CPU: host RAM; Metal: the recommended working set)."),
+    ):  # fmt: skip
+        default = "value" if name == "--cache-policy" else None
+        f = click.option(name, type=kind, default=default, show_default=default is not None,
+                         help=text)(f)  # fmt: skip
+    return f
+
+
 @click.command()
 @click.option(
     "--router",
@@ -162,8 +184,11 @@ def router(
 @field_option(W, "n_ctx", "KV cells, all sequences.")
 @field_option(E, "step_tokens", "Token budget of one batch step (decode first, then prefill).")
 @field_option(E, "block_size")
-@field_option(E, "cache_tokens", "KV tokens the prefix cache may keep after requests end.")
-@field_option(E, "cache_entries")
+@field_option(E, "cache_tokens", "KV tokens the prefix cache keeps on the device after "
+              "requests end [default: sized from the device's memory].", type=int)  # fmt: skip
+@field_option(E, "cache_entries", "Entries on the device [default: what the backend holds].",
+              type=int)  # fmt: skip
+@cache_memory_options
 @field_option(E, "heartbeat_s")
 @click.option("--prefill-tok-s", type=float, default=None, help="Override the profiled rate.")
 @click.option("--decode-tok-s", default=None, help="Comma list: aggregate tok/s at batch 1,2,..")
@@ -197,8 +222,13 @@ def worker(
     n_ctx: int,
     step_tokens: int,
     block_size: int,
-    cache_tokens: int,
-    cache_entries: int,
+    cache_tokens: int | None,
+    cache_entries: int | None,
+    cache_mem_frac: float | None,
+    cache_mem: str | None,
+    host_cache_mem_frac: float | None,
+    host_cache_mem: str | None,
+    cache_policy: str,
     heartbeat_s: float,
     prefill_tok_s: float | None,
     decode_tok_s: str | None,
@@ -218,6 +248,7 @@ def worker(
             block_size=block_size,
             cache_tokens=cache_tokens,
             cache_entries=cache_entries,
+            cache_policy=cache_policy,
             heartbeat_s=heartbeat_s,
         )
         decode = tuple(float(x) for x in decode_tok_s.split(",")) if decode_tok_s else None
@@ -237,6 +268,10 @@ def worker(
             progress_json=progress_json,
             cpus=cpus,
             keys=keys,
+            cache_mem_frac=cache_mem_frac,
+            cache_mem=parse_bytes(cache_mem) if cache_mem else None,
+            host_cache_mem_frac=host_cache_mem_frac,
+            host_cache_mem=parse_bytes(host_cache_mem) if host_cache_mem else None,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

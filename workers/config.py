@@ -7,6 +7,7 @@ import socket
 from dataclasses import dataclass, field
 
 from tandem.workers.backends import BACKENDS
+from tandem.workers.prefix_cache import POLICIES
 
 WARMUP = ("auto", "quick", "on", "off")
 DEFAULT_PREFILL_TOK_S, DEFAULT_DECODE_TOK_S = 200.0, 50.0  # no profile, no flags: a guess
@@ -19,8 +20,12 @@ class EngineConfig:
     max_active: int = 4
     step_tokens: int = 256  # per-step token budget: decode tokens first, then prefill chunks
     block_size: int = 16
-    cache_tokens: int = 4096  # prefix cache budget (KV tokens kept after requests end)
-    cache_entries: int = 16
+    # Prefix cache budget (KV tokens kept after requests end) on the device; None: a
+    # worker sizes it from memory at start (workers/memory.py), a bare engine keeps 4096.
+    cache_tokens: int | None = None
+    cache_entries: int | None = None  # None: as many as the backend can hold
+    host_cache_tokens: int = 0  # the host-RAM tier (workers/host_cache.py); 0: none
+    cache_policy: str = "value"  # eviction: value | lru (workers/prefix_cache.py)
     heartbeat_s: float = 0.5
     max_tokens_limit: int = 4096
     full_resync_s: float = 30.0  # a full block listing this often, whatever the deltas said
@@ -33,8 +38,11 @@ class EngineConfig:
             raise ValueError("step_tokens must be >= max_active (one decode token each)")
         if self.block_size < 1 or self.heartbeat_s <= 0 or self.steps_every_s <= 0:
             raise ValueError("block_size must be >= 1, heartbeat_s and steps_every_s > 0")
-        if self.cache_tokens < 0 or self.cache_entries < 0 or self.max_tokens_limit < 1:
-            raise ValueError("cache_tokens, cache_entries >= 0 and max_tokens_limit >= 1")
+        sizes = (self.cache_tokens, self.cache_entries, self.host_cache_tokens)
+        if min(n for n in sizes if n is not None) < 0 or self.max_tokens_limit < 1:
+            raise ValueError("cache sizes must be >= 0 and max_tokens_limit >= 1")
+        if self.cache_policy not in POLICIES:
+            raise ValueError(f"cache_policy must be one of {POLICIES}, not {self.cache_policy!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +64,12 @@ class WorkerConfig:
     warmup: str = "auto"  # auto | quick | on | off: see ``measurement``
     progress_json: bool = False  # JSON progress lines on stdout (workers/startup.py)
     keys: str | None = None  # CURVE keys folder (common/auth.py); None: TANDEM_KEYS or none
+    # The prefix cache's memory (workers/memory.py): a fraction of the device's available
+    # memory or a size in bytes (None: the device's default), and the host-RAM tier's.
+    cache_mem_frac: float | None = None
+    cache_mem: int | None = None
+    host_cache_mem_frac: float | None = None
+    host_cache_mem: int | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -68,6 +82,11 @@ class WorkerConfig:
             raise ValueError("decode_tok_s must be positive numbers")
         if self.warmup not in WARMUP:
             raise ValueError(f"warmup must be one of {WARMUP}, not {self.warmup!r}")
+        for frac in (self.cache_mem_frac, self.host_cache_mem_frac):
+            if frac is not None and not 0 <= frac <= 1:
+                raise ValueError(f"memory fractions must be in [0, 1], not {frac}")
+        if min(self.cache_mem or 0, self.host_cache_mem or 0) < 0:
+            raise ValueError("cache memory sizes must be >= 0 bytes")
 
     def measurement(self, device: str, told: bool) -> str:
         """What the worker measures before it registers: "full" (every batch shape,

@@ -22,7 +22,8 @@ from tandem.common.protocol import FinishReason
 from tandem.common.schedule import admissible, plan_step, reservation
 from tandem.common.tokenizer import TokenizerSpec
 from tandem.workers.config import EngineConfig
-from tandem.workers.prefix_cache import Match, PrefixCache
+from tandem.workers.host_cache import make_cache, restored
+from tandem.workers.prefix_cache import Match
 from tandem.workers.request import Request, Status, decode_context
 from tandem.workers.steptimer import StepTimer
 
@@ -59,6 +60,9 @@ class Backend(Protocol):
     def free(self, handle: Any) -> None:
         """Release a cache handle."""
 
+    # Optional, for a host-RAM tier (workers/host_cache.py): ``save(handle)`` -> a host
+    # copy of a cache handle's KV (None: cannot), ``restore(state)`` -> a new handle.
+
     def piece(self, token: int) -> bytes:
         """The bytes of one token (for incremental detokenization)."""
 
@@ -83,7 +87,7 @@ class Engine:
         self.inbox: queue.Queue[p.Message] = inbox if inbox is not None else queue.Queue()
         self.queue: deque[Request] = deque()
         self.active: list[Request] = []
-        self.cache = PrefixCache(config.block_size, config.cache_tokens, config.cache_entries)
+        self.cache = make_cache(backend, config)
         self._changed = True
         self._hb_seq = 0
         self._last_sent_hb: p.Heartbeat | None = None
@@ -203,15 +207,16 @@ class Engine:
     def admit(self) -> None:
         while self.queue and self.can_admit(self.queue[0]):
             req = self.queue.popleft()
-            match = self.cache.match(req.prompt)
-            if match.entry is not None:
-                self.cache.pin(match.entry)
+            hit = self.cache.match(req.prompt)
+            if hit.entry is not None:
+                self.cache.pin(hit.entry)
             try:
                 with self.timer.per_request():
+                    match = restored(self.cache, self.backend, hit)  # from host RAM, if there
                     self.backend.begin(req, match)
             finally:
-                if match.entry is not None:
-                    self.cache.unpin(match.entry)
+                if hit.entry is not None:
+                    self.cache.unpin(hit.entry)
             req.n_cached = req.n_computed = match.n_tokens
             req.status = Status.PREFILL
             req.t_admit = self.clock()

@@ -16,6 +16,7 @@ from tandem.common.settings import env_str
 from tandem.workers.backends import build_backend
 from tandem.workers.config import WorkerConfig
 from tandem.workers.engine import Backend, Engine
+from tandem.workers.host_cache import size_worker
 from tandem.workers.io import WorkerLink, start_link
 from tandem.workers.startup import Progress, start_prices
 
@@ -31,6 +32,7 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
     progress("loading", worker_id=cfg.worker_id, model=cfg.model or DEFAULT_MODEL_FILE)
     try:
         pin(cfg.cpus)  # before the backend starts its threads: they inherit it
+        cfg = size_worker(cfg)  # the prefix cache's sizes, from the device's memory
         backend = build_backend(cfg)
         worker_id = cfg.resolved_id(backend.device)
         prices = start_prices(cfg, backend, worker_id, progress)

@@ -59,7 +59,7 @@ def test_insert_skips_covered_and_drops_superseded_entries():
 
 
 def test_lru_eviction_under_token_and_entry_budgets_spares_pinned():
-    c = PrefixCache(BS, capacity_tokens=20, max_entries=3)
+    c = PrefixCache(BS, capacity_tokens=20, max_entries=3, policy="lru")
     a, _ = c.insert(seq(8, 100), "a")
     b, _ = c.insert(seq(8, 200), "b")
     c.pin(a)

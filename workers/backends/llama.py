@@ -21,6 +21,7 @@ import llama_cpp as L
 
 from tandem.common.gguf_file import weights_digest
 from tandem.common.tokenizer import TokenizerSpec, tokenizer_spec_from_gguf
+from tandem.workers.backends import llama_state
 from tandem.workers.backends.llama_params import placement
 from tandem.workers.engine import KVFull
 from tandem.workers.prefix_cache import Match
@@ -65,6 +66,7 @@ class LlamaBackend:
             cache_entries=cfg.engine.cache_entries,
             step_tokens=cfg.engine.step_tokens,
             device=device,
+            cache_tokens=cfg.engine.cache_tokens or 0,
         )
 
     def __init__(
@@ -73,10 +75,13 @@ class LlamaBackend:
         n_ctx: int = 8192,
         threads: int = 2,
         max_active: int = 4,
-        cache_entries: int = 16,
+        cache_entries: int | None = 16,
         step_tokens: int = 256,
         device: str = "cpu",
+        cache_tokens: int = 0,
     ) -> None:
+        """``n_ctx`` KV cells for active requests, ``cache_tokens`` more for the prefix
+        cache's device tier (workers/memory.py sizes it)."""
         _init_backend()
         self.model_path = Path(model_path)
         # gpu / gpu-*: every layer and the KV on the GPU of a CUDA/Metal build; cpu: no
@@ -89,15 +94,16 @@ class LlamaBackend:
         self.vocab = L.llama_model_get_vocab(self.model)
         self.vocab_size = L.llama_vocab_n_tokens(self.vocab)
         cparams = L.llama_context_default_params()
-        cparams.n_ctx = n_ctx
+        cparams.n_ctx = n_ctx + cache_tokens
         place.tune_context(cparams, step_tokens)
-        cparams.n_seq_max = max_active + cache_entries + 1
+        cparams.n_seq_max = llama_state.sequences(max_active, cache_entries, step_tokens)
         cparams.n_threads = cparams.n_threads_batch = threads
         cparams.kv_unified = True
         self.ctx = L.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             raise ValueError("llama.cpp could not create a context (n_ctx too large?)")
-        self.n_ctx = L.llama_n_ctx(self.ctx)
+        self.n_ctx = L.llama_n_ctx(self.ctx) - cache_tokens
+        self.max_cache_entries = cparams.n_seq_max - max_active - 1
         self.mem = L.llama_get_memory(self.ctx)
         self.free_seqs = list(range(cparams.n_seq_max - 1, -1, -1))
         self.batch = L.llama_batch_init(step_tokens, 0, 1)
@@ -129,6 +135,13 @@ class LlamaBackend:
     def free(self, handle: int) -> None:
         L.llama_memory_seq_rm(self.mem, handle, -1, -1)
         self.free_seqs.append(handle)
+
+    def save(self, handle: int) -> llama_state.SeqState | None:
+        """The prefix cache's host tier: a host-RAM copy of a cached sequence."""
+        return llama_state.save(self, handle)
+
+    def restore(self, state: llama_state.SeqState) -> int | None:
+        return llama_state.restore(self, state)
 
     # ------------------------------------------------------------ the step
     def run(self, decode: list[Request], prefill: list[tuple[Request, int]]) -> dict[str, int]:

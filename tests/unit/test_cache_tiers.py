@@ -1,0 +1,187 @@
+"""The prefix cache's sizes from memory, its eviction by value and its host tier (no model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.workers import memory
+from tandem.workers.config import EngineConfig, WorkerConfig
+from tandem.workers.host_cache import make_cache, restored, sized
+from tandem.workers.memory import GIB, KVShape, Memory, parse_bytes, plan, share
+from tandem.workers.prefix_cache import DEVICE, HOST, PrefixCache
+
+BS = 4
+
+
+def seq(n: int, start: int = 0) -> list[int]:
+    return list(range(start, start + n))
+
+
+# ------------------------------------------------------------ budgets
+def test_kv_bytes_per_token_follow_the_model_shape():
+    assert KVShape(30, 3, 64).bytes_per_token == memory.EMBEDDED_KV_BYTES == 23_040
+    cfg = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+           "hidden_size": 576}  # fmt: skip
+    assert KVShape.from_hf_config(cfg).bytes_per_token == 23_040
+
+
+def test_the_embedded_gguf_reads_as_its_known_shape():
+    from tandem.common.model_files import default_model_path
+
+    assert memory.kv_bytes_per_token(default_model_path()) == 23_040
+
+
+def test_a_share_is_a_fraction_of_what_is_available_and_leaves_a_reserve():
+    mem = Memory(total_bytes=64 * GIB, available_bytes=24 * GIB, source="test")
+    assert share(mem, 0.5) == 12 * GIB
+    assert share(mem, 0.5, cap_bytes=GIB) == GIB
+    assert share(mem, 1.0) == 22 * GIB  # RESERVE_BYTES stay free
+    assert share(mem, 0.5, less=20 * GIB) == 2 * GIB  # the weights still to load
+    assert share(Memory(GIB, GIB, "small"), 0.9) == 0  # less than the reserve: nothing
+    with pytest.raises(ValueError):
+        share(mem, 1.5)
+
+
+def test_plan_sizes_each_device_from_its_memory(monkeypatch):
+    gpu = Memory(141 * GIB, 100 * GIB, "gpu")
+    host = Memory(24 * GIB, 20 * GIB, "host")
+    monkeypatch.setattr(memory, "device_memory", lambda d: gpu if d.startswith("gpu") else host)
+    monkeypatch.setattr(memory, "host_memory", lambda: host)
+    bpt = 23_040
+    on_gpu = plan(backend="mlx", device="gpu-cuda", bytes_per_token=bpt, weights_bytes=GIB)
+    assert on_gpu.device_tokens == int(0.8 * 99 * GIB) // bpt and on_gpu.host_tokens == 0
+    llama_cpu = plan(backend="llama.cpp", device="cpu", bytes_per_token=bpt)
+    assert llama_cpu.device_tokens == memory.LLAMA_CPU_DEVICE_TOKENS
+    assert llama_cpu.host_tokens == 2 * GIB // bpt  # 0.1 of 20 GiB
+    mlx_cpu = plan(backend="mlx", device="cpu", bytes_per_token=bpt)
+    assert mlx_cpu.device_tokens == GIB // bpt  # 0.05 of 20 GiB, capped at 1 GiB
+    asked = plan(backend="llama.cpp", device="cpu", bytes_per_token=bpt, cache_mem_frac=0.25,
+                 host_cache_mem=3 * GIB)  # fmt: skip
+    assert asked.device_tokens == 5 * GIB // bpt and asked.host_tokens == 3 * GIB // bpt
+    fixed = plan(backend="sim", device="cpu", bytes_per_token=bpt, cache_tokens=123)
+    assert fixed.device_tokens == 123 and fixed.device_source == "--cache-tokens"
+
+
+def test_sizes_parse_and_bad_ones_are_refused():
+    assert parse_bytes("2GiB") == 2 * GIB and parse_bytes("512MiB") == 512 << 20
+    assert parse_bytes("1.5g") == 3 * GIB // 2 and parse_bytes("1000") == 1000
+    for bad in ("", "lots", "-1GiB", "2PB"):
+        with pytest.raises(ValueError):
+            parse_bytes(bad)
+    with pytest.raises(ValueError):
+        WorkerConfig(router="tcp://x:1", cache_mem_frac=1.5)
+    with pytest.raises(ValueError):
+        EngineConfig(cache_policy="random")
+
+
+def test_a_plan_sets_the_engine_sizes():
+    cfg = WorkerConfig(router="tcp://x:1")
+    got = sized(cfg, memory.CachePlan(23_040, 5000, 70_000, "t", "t"))
+    assert got.engine.cache_tokens == 5000 and got.engine.host_cache_tokens == 70_000
+
+
+# ------------------------------------------------------------ eviction by value
+def replay(policy: str, capacity: int) -> int:
+    """Tokens hit on a stream where a long shared prefix returns now and then among
+    many one-off prompts (the shape of a conversation trace)."""
+    c = PrefixCache(BS, capacity, 1000, policy=policy)
+    shared = seq(32, 10_000)
+    hit = 0
+    for i in range(60):
+        prompt = shared + [i, i] if i % 6 == 0 else seq(12, 1000 * (i + 1))
+        hit += c.match(prompt).n_tokens
+        c.insert(prompt, f"h{i}")
+    return hit
+
+
+def test_value_eviction_keeps_what_is_shared_where_lru_forgets_it():
+    assert replay("value", 48) > replay("lru", 48) > 0
+
+
+def test_an_idle_entry_ages_out_under_value_eviction():
+    c = PrefixCache(BS, 24, 100)
+    old, _ = c.insert(seq(16, 500), "old")
+    for _ in range(3):
+        c.match(seq(17, 500))  # valued: shared by three requests
+    for i in range(30):  # then never again, while new prompts keep coming
+        c.insert(seq(8, 1000 * (i + 1)), f"n{i}")
+        if i == 4:
+            assert old.id in c.entries, "valued: it outlives newer one-off entries"
+    assert old.id not in c.entries, "credit ages: a once-popular entry goes eventually"
+
+
+# ------------------------------------------------------------ the host tier
+def tiered(host_tokens: int) -> tuple[PrefixCache, list]:
+    saved: list = []
+
+    def demote(handle: str) -> str:
+        saved.append(handle)
+        return f"state:{handle}"
+
+    return PrefixCache(BS, 8, 10, host_capacity_tokens=host_tokens, demote=demote), saved
+
+
+def test_evicted_entries_move_to_the_host_tier_and_are_matched_there():
+    c, saved = tiered(host_tokens=16)
+    a, _ = c.insert(seq(8, 100), "a")
+    _, freed = c.insert(seq(8, 200), "b")
+    assert freed == ["a"] and saved == ["a"], "its device handle is freed once saved"
+    assert a.tier == HOST and a.handle == "state:a"
+    assert c.held == {DEVICE: 8, HOST: 8}
+    assert c.match(seq(9, 100)).entry is a  # still a hit, from host RAM
+    report, device = c.log.report(), c.device_log.report()
+    assert set(a.hashes) <= set(report["blocks"]) and not set(a.hashes) & set(device["blocks"])
+
+
+def test_a_host_hit_is_restored_then_shared_like_a_device_hit():
+    c, _ = tiered(host_tokens=16)
+    a, _ = c.insert(seq(8, 100), "a")
+    c.insert(seq(8, 200), "b")
+
+    class Backend:
+        freed: list = []
+
+        def restore(self, state: str) -> str:
+            return state.replace("state:", "dev:")
+
+        def free(self, handle: str) -> None:
+            self.freed.append(handle)
+
+    hit = c.match(seq(9, 100))
+    c.pin(hit.entry)
+    got = restored(c, Backend(), hit)
+    assert got.n_tokens == 8 and a.tier == DEVICE and a.handle == "dev:a"
+    assert Backend.freed == ["b"], "room was made on the device first (b moved to host)"
+    assert c.held == {DEVICE: 8, HOST: 8} and c.entries[a.id].tier == DEVICE
+
+
+def test_a_failed_restore_is_a_miss_not_an_error():
+    c, _ = tiered(host_tokens=16)
+    c.insert(seq(8, 100), "a")
+    c.insert(seq(8, 200), "b")
+
+    class Broken:
+        def restore(self, state: str) -> None:
+            raise RuntimeError("no cells")
+
+        def free(self, handle: str) -> None:
+            pass
+
+    hit = c.match(seq(9, 100))
+    assert restored(c, Broken(), hit).n_tokens == 0
+
+
+def test_the_host_tier_has_its_own_budget():
+    c, saved = tiered(host_tokens=8)
+    for i in range(4):
+        c.insert(seq(8, 100 * (i + 1)), f"h{i}")
+    assert c.held[DEVICE] <= 8 and c.held[HOST] <= 8 and len(c.entries) == 2
+    assert saved == ["h0", "h1", "h2"]
+
+
+def test_without_a_saving_backend_there_is_no_host_tier():
+    class NoSave:
+        pass
+
+    cache = make_cache(NoSave(), EngineConfig(host_cache_tokens=1000))
+    assert cache.capacity[HOST] == 0
