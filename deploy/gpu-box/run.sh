@@ -2,15 +2,35 @@
 # On the GPU box, from the repository root: install the staged wheels once (into
 # /tmp/site, no index), point tandem at the staged model, then run "$@".
 #   bash deploy/gpu-box/run.sh python3 -m tandem profile --backend mlx --device gpu
+# llama-cpp-python: one build serves both workers (two cannot be installed side by side).
+# The CUDA build wins: the one build_llama_cuda.sh installed in this warm session, else
+# a kept one staged under llama-cuda/; the CPU build (llama-cpu/) only where neither is.
+# A CPU worker stays off the GPU in a CUDA build (workers/backends/llama_params.py).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 parts=${TANDEM_PARTS:-/root/parts}
+pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site "$@"; }
 if [ ! -f /tmp/site/.tandem-staged ]; then
   mkdir -p /root/stage
   cat "$parts"/chunk.* | tar xf - -C /root/stage
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site $(find /root/stage -name '*.whl')
+  mapfile -t whls < <(find /root/stage -path '*/wheels/*.whl')
+  pipi "${whls[@]}"
+  if [ ! -f /tmp/site/.llama-cuda ]; then
+    cuda=$(find /root/stage -path '*/llama-cuda/*.whl' | head -1)
+    if [ -n "$cuda" ]; then
+      pipi "$cuda" && touch /tmp/site/.llama-cuda
+    else
+      pipi "$(find /root/stage -path '*/llama-cpu/*.whl' | head -1)"
+    fi
+  fi
   touch /tmp/site/.tandem-staged
+fi
+# libggml-cuda's libcublas/libcudart 13, where the loader alone does not find them
+# (build_llama_cuda.sh notes the folder).
+if [ -f /tmp/site/.llama-cuda-ld ]; then
+  LD_LIBRARY_PATH="$(cat /tmp/site/.llama-cuda-ld)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH
 fi
 # tandem is not installed there (no index to build it with): make the checkout
 # importable as `tandem.*` by linking each room into the package root, as the
@@ -20,8 +40,8 @@ for room in bench broker cli client common gateway launcher twin workers; do
 done
 export PYTHONPATH="/tmp/site:$root${PYTHONPATH:+:$PYTHONPATH}"
 # the staged folder keeps its own name inside the tar (stage.sh STAGE_DIR): search below it
-export TANDEM_MODEL=${TANDEM_MODEL:-$(find /root/stage -path '*/models/*.gguf' | head -1)}
-export TANDEM_CACHE_DIR=${TANDEM_CACHE_DIR:-/root/tandem-cache}
+TANDEM_MODEL=${TANDEM_MODEL:-$(find /root/stage -path '*/models/*.gguf' | head -1)}
+export TANDEM_MODEL TANDEM_CACHE_DIR=${TANDEM_CACHE_DIR:-/root/tandem-cache}
 export PYTHONUNBUFFERED=1
 vocab=$(find /root/stage -type d -name vocab | head -1)
 if [ -n "$vocab" ]; then  # staged tokenizer vocabularies (bench/vocab_files.py)
