@@ -23,6 +23,8 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from tandem.workers.backends.sim import SimProfile, sampled
+from tandem.workers.config import EngineConfig
+from tandem.workers.memory import llama_sequences
 from tandem.workers.prefix_cache import Match
 from tandem.workers.request import Request
 
@@ -82,6 +84,7 @@ class TwinDevice:
         self.n_ctx = n_ctx
         self.busy_s = 0.0  # device seconds spent, for checks
         self._handles: set[int] = set()
+        self._lengths: dict[int, int] = {}  # KV tokens of each live handle
         self._next_handle = 0
 
     def begin(self, req: Request, match: Match) -> None:
@@ -99,17 +102,26 @@ class TwinDevice:
 
     def end(self, req: Request) -> int:
         req.slot = None
-        self._next_handle += 1
-        self._handles.add(self._next_handle)
-        return self._next_handle
+        handle = self._new_handle()
+        self._lengths[handle] = len(req.kv_tokens())
+        return handle
 
     def free(self, handle: int) -> None:
         if handle not in self._handles:  # an engine double-free, as the sim would catch
             raise RuntimeError(f"twin: freeing unknown cache handle {handle}")
         self._handles.remove(handle)
+        self._lengths.pop(handle, None)
+
+    def _new_handle(self) -> int:
+        self._next_handle += 1
+        self._handles.add(self._next_handle)
+        return self._next_handle
 
     def piece(self, token: int) -> bytes:
         return b"."
+
+    def held_tokens(self, handle: int) -> int:
+        return self._lengths.get(handle, 0)
 
     def is_eog(self, token: int) -> bool:
         return False
@@ -117,3 +129,41 @@ class TwinDevice:
     @staticmethod
     def _token(seed: int, position: int) -> int:
         return _FIRST_OUTPUT_ID + (seed + position * 7919) % (VOCAB_SIZE - _FIRST_OUTPUT_ID)
+
+
+class TwinLlamaDevice(TwinDevice):
+    """A TwinDevice standing for a llama.cpp worker: its cache entries are sequence ids
+    (``max_cache_entries``), and it saves evicted entries to a host-RAM tier whose
+    restores cost ``tokens / restore_tok_s`` of device time (workers/host_cache.py)."""
+
+    def __init__(self, profile: SimProfile, owner: Clocked, max_cache_entries: int,
+                 restore_tok_s: float | None, tail: Tail | None = None) -> None:  # fmt: skip
+        super().__init__(profile, owner, tail=tail)
+        self.max_cache_entries = max_cache_entries
+        self.restore_tok_s = restore_tok_s
+        self.restored_tokens = 0
+
+    def save(self, handle: int) -> int | None:
+        """The saved state is the token count (the twin holds no KV)."""
+        return self.held_tokens(handle) if self.restore_tok_s else None
+
+    def restore(self, state: int) -> int:
+        assert self.restore_tok_s is not None  # save gave no state otherwise
+        cost_s = state / self.restore_tok_s
+        self.owner.now += cost_s
+        self.busy_s += cost_s
+        self.restored_tokens += state
+        handle = self._new_handle()
+        self._lengths[handle] = state
+        return handle
+
+
+def twin_device(profile: SimProfile, owner: Clocked, engine: EngineConfig,
+                tail: Tail | None = None) -> TwinDevice:  # fmt: skip
+    """The device a twin worker runs on: a llama.cpp one where the profile's memory
+    says it stands for llama.cpp (workers/memory.py ``ModelledMemory``)."""
+    mem = profile.memory
+    if mem is None or mem.backend != "llama.cpp":
+        return TwinDevice(profile, owner, tail=tail)
+    seqs = llama_sequences(engine.max_active, engine.cache_entries, engine.step_tokens)
+    return TwinLlamaDevice(profile, owner, seqs - engine.max_active - 1, mem.restore_tok_s, tail)

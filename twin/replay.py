@@ -15,6 +15,7 @@ from typing import Any
 from tandem.bench.driver import LEAD_S, RequestRecord
 from tandem.bench.workload import Arrival, PromptBook
 from tandem.common import protocol as p
+from tandem.twin.cache import CacheSpec
 from tandem.twin.device import Tail, TwinDevice
 from tandem.twin.loop import TwinLoop
 from tandem.twin.world import NO_DELAY, Links, TwinWorker, World
@@ -43,6 +44,7 @@ class TwinWorkerSpec:
     heartbeat_s: float = 0.5
     n_ctx: int = 1 << 20
     tail: Tail | None = None  # its steps right-skewed (twin/device.py)
+    cache: CacheSpec = CacheSpec()  # its prefix cache flags (twin/cache.py)
 
     def __post_init__(self) -> None:
         if not self.worker_id or self.max_active < 1 or self.heartbeat_s <= 0:
@@ -55,6 +57,7 @@ class TwinWorkerSpec:
             max_active=self.max_active,
             step_tokens=self.step_tokens,
             heartbeat_s=self.heartbeat_s,
+            **self.cache.engine_fields(self.profile),
         )
 
 
@@ -67,6 +70,7 @@ class Replay:
     seeds: dict[str, dict[str, Any]] = field(default_factory=dict)
     events: int = 0
     virtual_s: float = 0.0
+    caches: dict[str, dict[str, Any]] = field(default_factory=dict)  # per worker, at the end
 
 
 def replay(
@@ -132,7 +136,27 @@ def replay(
         {w: r.stats for w, r in seeds.items()},
         world.events,
         world.now,
+        {wid: cache_use(w, spec.cache.kv_bytes) for wid, w, spec in _joined(workers, specs)},
     )
+
+
+def _joined(
+    workers: dict[str, TwinWorker], specs: Sequence[TwinWorkerSpec]
+) -> list[tuple[str, TwinWorker, TwinWorkerSpec]]:
+    return [(s.worker_id, workers[s.worker_id], s) for s in specs if s.worker_id in workers]
+
+
+def cache_use(w: TwinWorker, kv_bytes: int) -> dict[str, Any]:
+    """A worker's prefix cache by tier: capacity and tokens held, and those in bytes
+    (the memory the twin charges: ``kv_bytes`` a token)."""
+    cache = w.engine.cache
+    out: dict[str, Any] = {"policy": cache.policy, "max_entries": cache.max_entries}
+    for tier, cap in cache.capacity.items():
+        held = cache.held[tier]
+        out[tier] = {"capacity_tokens": cap, "held_tokens": held, "entries": cache.counts[tier],
+                     "capacity_bytes": cap * kv_bytes, "held_bytes": held * kv_bytes}  # fmt: skip
+    out["restored_tokens"] = getattr(w.device, "restored_tokens", 0)
+    return out
 
 
 class _Scratch:

@@ -19,6 +19,7 @@ from tandem.bench.experiment import POLICY_OPTIONS, BenchConfig, resolve_policy,
 from tandem.bench.run import finish_doc, new_doc
 from tandem.bench.spec import WorkerArg
 from tandem.bench.workload import PromptBook, Workload
+from tandem.twin.cache import CacheSpec
 from tandem.twin.replay import TwinWorkerSpec, replay
 from tandem.twin.world import NO_DELAY, Links
 from tandem.workers.backends.sim import SimProfile
@@ -26,11 +27,24 @@ from tandem.workers.backends.sim import SimProfile
 _FLAG_FIELDS = {"--step-tokens": "step_tokens", "--heartbeat-s": "heartbeat_s"}
 
 
+_CACHE_FLAGS = ("--cache-tokens", "--cache-entries", "--cache-mem-frac", "--cache-mem",
+                "--host-cache-mem-frac", "--host-cache-mem", "--cache-policy")  # fmt: skip
+# Every flag the twin models; any other is an error, never silently ignored.
+_KNOWN = {"--profile", "--prefill-tok-s", "--decode-tok-s", "--join-s", *_FLAG_FIELDS,
+          *_CACHE_FLAGS}  # fmt: skip
+
+
 def twin_spec(w: WorkerArg, max_active: int) -> TwinWorkerSpec:
-    """A bench ``--worker sim:...`` spec as a twin worker (only sim workers have a twin)."""
+    """A bench ``--worker sim:...`` spec as a twin worker (only sim workers have a twin);
+    ValueError names a key the twin does not model."""
     if w.backend != "sim":
         raise ValueError(f"worker {w.text!r}: the twin plays sim workers only")
     flags = dict(zip(w.flags[::2], w.flags[1::2], strict=True))
+    unknown = sorted(k.removeprefix("--").replace("-", "_") for k in set(flags) - _KNOWN)
+    if unknown:
+        known = sorted(k.removeprefix("--").replace("-", "_") for k in _KNOWN | {"--id"})
+        raise ValueError(f"worker {w.text!r}: the twin does not model {unknown} "
+                         f"(it takes {known}, max_active and n_ctx)")  # fmt: skip
     if "--profile" not in flags:
         raise ValueError(f"worker {w.text!r}: name a sim profile")
     profile = SimProfile.load(flags["--profile"])
@@ -44,6 +58,12 @@ def twin_spec(w: WorkerArg, max_active: int) -> TwinWorkerSpec:
     extra: dict[str, Any] = {v: type_of(v)(flags[k]) for k, v in _FLAG_FIELDS.items() if k in flags}
     if "--join-s" in flags:
         extra["join_s"] = float(flags["--join-s"])
+    if w.n_ctx:
+        extra["n_ctx"] = w.n_ctx
+    try:
+        extra["cache"] = CacheSpec.from_flags({k: flags[k] for k in _CACHE_FLAGS if k in flags})
+    except ValueError as exc:
+        raise ValueError(f"worker {w.text!r}: {exc}") from None
     return TwinWorkerSpec(w.worker_id, profile, w.max_active or max_active, advertised, **extra)
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.common import protocol as p
-from tandem.twin.device import Tail, TwinDevice
+from tandem.twin.device import Tail, twin_device
 from tandem.workers.backends.sim import SimProfile
 from tandem.workers.engine import Engine, EngineConfig
 
@@ -82,7 +82,7 @@ class TwinWorker:
         self.world = world
         self.worker_id = worker_id
         self.now = 0.0
-        self.device = TwinDevice(profile, self, tail=tail)
+        self.device = twin_device(profile, self, engine, tail)
         self.inbox: queue.SimpleQueue[p.Message] = queue.SimpleQueue()
         self._out: list[p.Message] = []
         self.engine = Engine(self.device, engine, self._out.append, worker_id, clock=self._clock)

@@ -169,6 +169,19 @@ def parse_bytes(text: str) -> int:
 
 
 LLAMA_CPU_DEVICE_TOKENS = 4096  # llama.cpp on a CPU: see ``plan``
+LLAMA_MAX_SEQ = 256  # llama.cpp refuses a context with more sequences (measured, 0.3.36)
+
+
+def llama_sequences(max_active: int, cache_entries: int | None, batch: int) -> int:
+    """llama.cpp's ``n_seq_max``: one per active request, one per cache entry, one to
+    restore into; at most LLAMA_MAX_SEQ, and at most ``batch`` (n_batch: a context
+    with more sequences than outputs in a batch aborts the process at creation,
+    GGML_ASSERT n_outputs_max). So its device tier holds this less max_active + 1."""
+    most = min(LLAMA_MAX_SEQ, batch)
+    wanted = max_active + 1 + (cache_entries if cache_entries is not None else most)
+    if max_active + 1 > most:
+        raise ValueError(f"llama.cpp serves at most {most - 1} active requests here")
+    return min(wanted, most)
 
 
 @dataclass(frozen=True)
@@ -200,6 +213,8 @@ def plan(
     cache_mem: int | None = None,
     host_cache_mem_frac: float | None = None,
     host_cache_mem: int | None = None,
+    device_mem: Memory | None = None,
+    host_mem: Memory | None = None,
 ) -> CachePlan:
     """The cache sizes of a worker of ``backend`` on ``device`` ("cpu", "gpu-cuda", ...).
 
@@ -211,6 +226,8 @@ def plan(
     a SmolLM2 decode step ~10x slower here. Its host tier holds the rest.
     Host tier (only backends that save sequence state: llama.cpp): ``host_cache_mem``
     bytes, else ``host_cache_mem_frac`` (default HOST_FRAC, capped at HOST_CAP_BYTES).
+    ``device_mem`` / ``host_mem``: the memories to size from (the twin's modelled
+    devices); None: read from this machine.
     """
     if bytes_per_token < 1:
         raise ValueError("bytes_per_token must be >= 1")
@@ -222,7 +239,7 @@ def plan(
     elif backend == "llama.cpp" and not gpu and cache_mem_frac is None:
         device_tokens, device_source = LLAMA_CPU_DEVICE_TOKENS, "llama.cpp CPU default"
     else:
-        mem = device_memory(device)
+        mem = device_mem or device_memory(device)
         default = DEVICE_FRAC["gpu" if gpu else "cpu"]
         frac = cache_mem_frac if cache_mem_frac is not None else default
         cap = None if gpu or cache_mem_frac is not None else CPU_DEVICE_CAP_BYTES
@@ -235,7 +252,51 @@ def plan(
     else:
         frac = host_cache_mem_frac if host_cache_mem_frac is not None else HOST_FRAC
         cap = None if host_cache_mem_frac is not None else HOST_CAP_BYTES
-        mem = host_memory()
+        mem = host_mem or host_memory()
         host_bytes, host_source = share(mem, frac, cap), f"{frac:g} of {mem.source}"
     return CachePlan(bytes_per_token, device_tokens, host_bytes // bytes_per_token,
                      device_source, host_source)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ModelledMemory:
+    """A simulated device's memory (a sim profile's ``memory`` object), so the twin
+    sizes its caches as the real worker would: the backend it models, its device
+    label, the GiB free for KV on the device and in host RAM, and how fast a saved
+    sequence is restored from host RAM (tokens a second; None: no host tier)."""
+
+    backend: str
+    device: str
+    device_gib: float
+    host_gib: float
+    restore_tok_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("llama.cpp", "mlx"):
+            raise ValueError(f"memory.backend must be llama.cpp or mlx, not {self.backend!r}")
+        if not (self.device_gib > 0 and self.host_gib > 0):
+            raise ValueError("memory.device_gib and memory.host_gib must be > 0")
+        if self.restore_tok_s is not None and not self.restore_tok_s > 0:
+            raise ValueError("memory.restore_tok_s must be > 0")
+
+    @classmethod
+    def from_json(cls, doc: Any) -> ModelledMemory:
+        if not isinstance(doc, dict):
+            raise ValueError("a profile's memory must be an object")
+        known = {"backend", "device", "device_gib", "host_gib", "restore_tok_s"}
+        unknown = sorted(set(doc) - known)
+        if unknown:
+            raise ValueError(f"memory: unknown key(s) {unknown}")
+        try:
+            restore = doc.get("restore_tok_s")
+            return cls(str(doc["backend"]), str(doc["device"]), float(doc["device_gib"]),
+                       float(doc["host_gib"]), float(restore) if restore else None)  # fmt: skip
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"memory: missing or bad field {exc}") from None
+
+    def memories(self) -> tuple[Memory, Memory]:
+        """(device, host) as ``plan`` takes them: all of it available."""
+        dev, host = int(self.device_gib * GIB), int(self.host_gib * GIB)
+        return Memory(dev, dev, f"{self.device_gib:g} GiB modelled"), Memory(
+            host, host, f"{self.host_gib:g} GiB host modelled"
+        )

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING
 
 import llama_cpp as L
 
+from tandem.workers.memory import llama_sequences as sequences  # noqa: F401 (llama.py's n_seq_max)
+
 if TYPE_CHECKING:
     from tandem.workers.backends.llama import LlamaBackend
 
 log = logging.getLogger(__name__)
-
-LLAMA_MAX_SEQ = 256  # llama.cpp refuses a context with more sequences (measured, 0.3.36)
 
 
 @dataclass
@@ -62,15 +62,3 @@ def restore(backend: LlamaBackend, state: SeqState) -> int | None:
         backend.free_seqs.append(seq)
         return None
     return seq
-
-
-def sequences(max_active: int, cache_entries: int | None, batch: int) -> int:
-    """``n_seq_max``: one per active request, one per cache entry, one to restore into;
-    at most LLAMA_MAX_SEQ, and at most ``batch`` (n_batch: a context with more
-    sequences than outputs in a batch aborts the process at creation, GGML_ASSERT
-    n_outputs_max)."""
-    most = min(LLAMA_MAX_SEQ, batch)
-    wanted = max_active + 1 + (cache_entries if cache_entries is not None else most)
-    if max_active + 1 > most:
-        raise ValueError(f"llama.cpp serves at most {most - 1} active requests here")
-    return min(wanted, most)

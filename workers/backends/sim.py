@@ -16,7 +16,11 @@ Profile file (JSON; bundled in workers/backends/profiles/)::
                                    # with 1, 2, ... requests in the batch
      "decode_context_s": 4.8e-6,   # optional: extra seconds per decode step per
                                    # context token of each decoding row (default 0)
-     "note": "..."}                # optional free text (assumptions, source)
+     "note": "...",                # optional free text (assumptions, source)
+     "memory": {"backend": "mlx", "device": "gpu-cuda", "device_gib": 139,
+                "host_gib": 128, "restore_tok_s": null}}
+                                   # optional: what the twin sizes the prefix cache
+                                   # from, as that backend would (workers/memory.py)
 
 A step costs ``prefill_tokens / prefill_tok_s + decode_step_s[b - 1] +
 decode_context_s * context`` where b is the number of decode rows and context
@@ -55,6 +59,7 @@ from typing import TYPE_CHECKING
 
 from tandem.common.gguf_file import weights_digest
 from tandem.common.tokenizer import TokenizerSpec, piece_table, tokenizer_spec_from_gguf
+from tandem.workers.memory import ModelledMemory
 from tandem.workers.prefix_cache import Match
 from tandem.workers.request import Request, decode_context
 
@@ -63,7 +68,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_PROFILE_KEYS = {"name", "prefill_tok_s", "decode_step_s", "decode_context_s", "note", "source"}
+_PROFILE_KEYS = {"name", "prefill_tok_s", "decode_step_s", "decode_context_s", "note", "source",
+                 "memory"}  # fmt: skip
 _FIRST_OUTPUT_ID = 256  # below this sit control tokens and single bytes: keep output readable
 
 
@@ -87,6 +93,7 @@ class SimProfile:
     prefill_tok_s: float
     decode_step_s: tuple[float, ...]  # seconds per decode step at batch size 1, 2, ...
     decode_context_s: float = 0.0  # extra seconds per decode step per context token per row
+    memory: ModelledMemory | None = None  # what the twin sizes its caches from (workers/memory.py)
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
@@ -120,6 +127,7 @@ class SimProfile:
                 float(data["prefill_tok_s"]),
                 tuple(float(x) for x in steps),
                 float(data.get("decode_context_s", 0.0)),
+                ModelledMemory.from_json(data["memory"]) if "memory" in data else None,
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"sim profile {path}: missing or bad field {exc}") from None
