@@ -127,7 +127,7 @@ def ttft_pair(cl: Cluster) -> tuple[float, float, int, int]:
 @click.command()
 @click.option("--threads", type=int, default=2)
 @click.option("--n-out", type=int, default=64)
-@click.option("--repeats", type=int, default=3)
+@click.option("--repeats", type=click.IntRange(min=1), default=3)
 @out_file_option()
 def main(threads: int, n_out: int, repeats: int, out: str | None) -> None:
     model = str(default_model_path())
@@ -135,6 +135,7 @@ def main(threads: int, n_out: int, repeats: int, out: str | None) -> None:
     keys = ("cold", "warm", "raw1", "raw4", "eng1", "eng4", "tan1", "tan4")
     rows: dict[str, list[float]] = {k: [] for k in keys}
     args = ["--threads", str(threads), "--max-active", "4", "--heartbeat-s", "0.5"]
+    n_prompt = n_cached = 0  # the prompt's size and cached part, as the last repeat saw them
     for _ in range(repeats):
         # Side by side, alternating, so drift on a noisy machine hits both alike.
         rows["raw1"].append(raw_decode_tok_s(model, threads, 1, n_out, prompt_ids))
@@ -154,7 +155,10 @@ def main(threads: int, n_out: int, repeats: int, out: str | None) -> None:
         Path(out).write_text(report)
 
 
-def _report(med, rows, threads, n_out, n_prompt, n_cached) -> str:  # noqa: ANN001
+def _report(
+    med: dict[str, float], rows: dict[str, list[float]], threads: int, n_out: int,
+    n_prompt: int, n_cached: int,
+) -> str:  # fmt: skip
     def cell(k: str) -> str:
         return f"{med[k]:.3g} ({', '.join(f'{x:.3g}' for x in rows[k])})"
 

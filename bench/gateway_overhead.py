@@ -114,7 +114,7 @@ async def measure(
     conc: int,
     rounds: int,
     max_tok: int,
-):
+) -> tuple[dict[str, list[Run]], dict[str, list[float]], dict[str, float]]:
     cpu = {"seq": 0.0, "agg": 0.0}  # the gateway process's CPU seconds in each phase
     pool = [Http(port) for _ in range(conc)]  # one kept-alive connection per stream slot
     async with AsyncClient(client_addr) as c:
@@ -206,7 +206,10 @@ def report(seq: dict, agg: dict, cpu: dict, args: dict, load: tuple[float, float
 @click.option("--rounds", type=int, default=5, show_default=True)
 @click.option("--max-tokens", type=int, default=64, show_default=True)
 @out_file_option(help="Append the report.")
-def main(backend, profile, threads, n, concurrency, rounds, max_tokens, out) -> None:
+def main(
+    backend: str, profile: str, threads: int, n: int, concurrency: int, rounds: int,
+    max_tokens: int, out: str | None,
+) -> None:  # fmt: skip
     """Measure what the HTTP gateway adds over the Python client."""
     worker = ["--backend", backend, "--max-active", str(concurrency), "--n-ctx", "8192"]
     worker += ["--profile", profile] if backend == "sim" else ["--threads", str(threads)]

@@ -15,6 +15,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -52,7 +53,7 @@ def raw_mlx(
     return out
 
 
-def _raw_decode(model, batch: int, n_out: int) -> float:  # noqa: ANN001 - an mlx-lm model
+def _raw_decode(model: Any, batch: int, n_out: int) -> float:  # model: an mlx-lm model
     from mlx_lm.generate import BatchGenerator
 
     gen = BatchGenerator(

@@ -37,6 +37,11 @@ def quantize(src: Path, out: Path, ftype: int) -> Path:
     return out
 
 
+def _as_read(weights: dict[str, Any], types: dict[str, int], bits: int | None = None) -> Any:
+    """``gguf.requantize`` that keeps float16 (what the file dequantized to)."""
+    return weights
+
+
 def mlx_row(path: Path, ids: list[int], requant: int | None, n_decode: int) -> dict[str, Any]:
     """requant: None keeps float16, 0 the file's bits, else that many bits."""
     import mlx.core as mx
@@ -46,14 +51,14 @@ def mlx_row(path: Path, ids: list[int], requant: int | None, n_decode: int) -> d
 
     keep_fn, keep_bits = gguf.requantize, gguf.REQUANT_BITS_DEFAULT
     if requant is None:
-        gguf.requantize = lambda weights, types, bits: weights  # type: ignore[assignment]
+        gguf.requantize = _as_read
     gguf.REQUANT_BITS_DEFAULT = requant or None
     try:
         model, _, _ = gguf.convert_gguf(path)
     finally:
         gguf.requantize, gguf.REQUANT_BITS_DEFAULT = keep_fn, keep_bits
     logits = np.array(model(mx.array([ids]))[0].astype(mx.float32))
-    param_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    param_bytes = sum(v.nbytes for v in dict(tree_flatten(model.parameters())).values())
     tok_s = _decode_rate(model, ids, n_decode)
     return {"logits": logits, "mem_mb": param_bytes / 1e6, "tok_s": tok_s}
 

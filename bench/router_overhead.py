@@ -23,7 +23,7 @@ import socket
 import statistics
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -73,12 +73,17 @@ def _run_router(client: str, worker: str, stop: Any) -> None:
     # each time (~4 % of the router's CPU here), the threading.Event that `tandem
     # router` passes (broker/main.py) does not. Measured: the router as it runs.
     local = threading.Event()
-    threading.Thread(target=lambda: (stop.wait(), local.set()), daemon=True).start()
+
+    def relay_stop() -> None:
+        stop.wait()
+        local.set()
+
+    threading.Thread(target=relay_stop, daemon=True).start()
     Router(RouterConfig(addresses=Addresses(client, worker))).serve(local)
 
 
 @contextmanager
-def _processes(*targets: tuple[Any, tuple[Any, ...]]):
+def _processes(*targets: tuple[Any, tuple[Any, ...]]) -> Iterator[list[Any]]:
     stop = SPAWN.Event()
     procs = [
         SPAWN.Process(target=f, args=(*args, stop), daemon=True, name=f.__name__)
@@ -97,9 +102,10 @@ def _processes(*targets: tuple[Any, tuple[Any, ...]]):
 
 
 @contextmanager
-def path(kind: str):
+def path(kind: str) -> Iterator[tuple[zmq.Socket, int | None]]:
     """A client DEALER connected to a null worker through ``kind``."""
     c, w = _addr(), _addr()
+    targets: list[tuple[Callable[..., None], tuple[str, str]]]
     if kind == "direct":
         targets = [(null_peers.null_worker, (c, "direct"))]
     elif kind == "relay":
@@ -107,7 +113,7 @@ def path(kind: str):
     else:
         targets = [(_run_router, (c, w)), (null_peers.null_worker, (w, "router"))]
     with _processes(*targets) as procs:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(c)
         try:
@@ -233,7 +239,7 @@ def measure_swarm(cfg: OverheadConfig) -> dict[str, float]:
 
 def _wait_registered(address: str, n: int, timeout_s: float) -> int:
     """Ask the router's status until ``n`` workers are registered (or time is up)."""
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(address)
     deadline, seen = time.monotonic() + timeout_s, 0

@@ -150,7 +150,7 @@ def _run_cases(bench: Bench, wl: Workload, max_active: int, bar: tqdm, out_dir: 
         for position, policy in enumerate(rotated(cfg.policies, run)):
             one(policy, run, position)
     extra = [p for p in cfg.policies if stats.needs_more_runs(cases[p]["runs"])]
-    bar.total += len(extra) * stats.EXTRA_RUNS
+    bar.total = (bar.total or 0) + len(extra) * stats.EXTRA_RUNS
     bar.refresh()
     for run in range(cfg.runs, cfg.runs + stats.EXTRA_RUNS):
         for position, policy in enumerate(rotated(extra, run)):

@@ -78,7 +78,7 @@ def stand_in_router(address: str, stop: Any) -> None:
     elsewhere = set(range(os.cpu_count() or 1)) - os.sched_getaffinity(0)
     if elsewhere:
         os.sched_setaffinity(0, elsewhere)
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock: zmq.Socket = zmq.Context.instance().socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.bind(address)
     while not stop.is_set():
@@ -140,12 +140,12 @@ def record_decode_steps(engine: Engine, batch: int) -> list[float]:
     """Every decode step the engine's timer records at exactly ``batch`` rows, from now
     on (its own windows keep only the last 64)."""
     seen: list[float] = []
-    record = engine.timer.stats.record
+    rows, record = batch, engine.timer.stats.record
 
-    def tee(b: int, context: int, prefill: int, seconds: float) -> None:
-        if b == batch and prefill == 0:
+    def tee(batch: int, context_tokens: int, prefill_tokens: int, seconds: float) -> None:
+        if batch == rows and prefill_tokens == 0:
             seen.append(seconds)
-        record(b, context, prefill, seconds)
+        record(batch, context_tokens, prefill_tokens, seconds)
 
     engine.timer.stats.record = tee  # type: ignore[method-assign]
     return seen

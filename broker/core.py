@@ -91,9 +91,9 @@ class RouterCore(Membership, Routing):
             req = self.requests[wid]
             self.out.to_worker(self.workers[req.worker_id or ""].identity, p.Cancel(wid))
             return
-        req = self.tokenizing.cancel((identity, request_id))
-        if req is not None:  # its tokens, when they come, are dropped
-            self._cancelled(req)
+        tokenizing = self.tokenizing.cancel((identity, request_id))
+        if tokenizing is not None:  # its tokens, when they come, are dropped
+            self._cancelled(tokenizing)
             return
         for req in list(self.pending):
             if (req.client, req.submit.request_id) == (identity, request_id):

@@ -14,6 +14,7 @@ tests/unit/test_hotpath.py compares them).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from tandem.broker.policies import Load
@@ -69,7 +70,7 @@ class Loads:
         """``wid`` relayed tokens: recompute it before the next view (``settle``)."""
         self._stale.add(wid)
 
-    def settle(self, inflight: dict[str, Ledgered]) -> None:
+    def settle(self, inflight: Mapping[str, Ledgered]) -> None:
         """Recompute the entries touched since the last view; all of them, in ledger
         order, when one became active by its first relayed tokens."""
         stale, self._stale = self._stale, set()
@@ -89,14 +90,14 @@ class Loads:
             self.prefill_total -= load.prefill_remaining
             self.decode_total -= load.decode_remaining
 
-    def rebuild(self, inflight: dict[str, Ledgered], hb: p.Heartbeat | None) -> None:
+    def rebuild(self, inflight: Mapping[str, Ledgered], hb: p.Heartbeat | None) -> None:
         """Every entry again, from a new heartbeat (in ledger order)."""
         self._reported = {r.id: r for r in hb.active + hb.queued} if hb is not None else {}
         self._listed_active = frozenset(r.id for r in hb.active) if hb is not None else frozenset()
         self._stale.clear()
         self._recompute(inflight)
 
-    def _recompute(self, inflight: dict[str, Ledgered]) -> None:
+    def _recompute(self, inflight: Mapping[str, Ledgered]) -> None:
         self.active, self.queued = {}, {}
         self.prefill_total = self.decode_total = 0
         for wid, routed in inflight.items():

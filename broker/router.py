@@ -204,7 +204,7 @@ class Router:
             # bad frame as a ProtocolError, common/protocol.decode) and handling both
             # stand inside this one boundary.
             try:
-                if workers and len(parts) == 2 and core.repeated_heartbeat(*parts, now):
+                if workers and len(parts) == 2 and core.repeated_heartbeat(parts[0], parts[1], now):
                     continue
                 identity, msg = sock.parse(parts)
                 handler(identity, msg, now)

@@ -142,7 +142,7 @@ class CoreState:
         stats = req.final_stats({"output_tokens": 0}, now, req.policy)
         self.out.to_client(req.client, p.Done(req.submit.request_id, p.FinishReason.LENGTH, stats))
 
-    def _fail(self, req: ClientRequest, code: str, message: str) -> None:
+    def _fail(self, req: ClientRequest, code: p.ErrorCode, message: str) -> None:
         self.out.to_client(req.client, p.Error(code, message, req.submit.request_id))
         self.metrics.on_outcome(req.policy, code)
 

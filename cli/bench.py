@@ -98,7 +98,7 @@ def _opt(*names: str, key: str, help: str, **kw: Any) -> Any:
 @click.option("--cpus", "bench_cpus", default=None,
               help="Pin this process (the load generator) to these cores.")  # fmt: skip
 @click.pass_context
-def bench(ctx: click.Context, **opts: Any) -> None:
+def bench(ctx: click.Context, /, **opts: Any) -> None:
     """Benchmark routing policies on a cluster this command starts (one per run)."""
     require_extra("bench", BENCH_MODULES, "tandem bench")
     if ctx.invoked_subcommand is not None:

@@ -36,7 +36,7 @@ def _option(flag: str, help: str, name: str | None = None, **kw: Any) -> click.O
 
 
 @click.pass_context
-def _sim(ctx: click.Context, **opts: Any) -> None:
+def _sim(ctx: click.Context, /, **opts: Any) -> None:
     """Replay bench workloads in the virtual-time twin (sim workers; seconds, not minutes)."""
     require_extra("bench", BENCH_MODULES, "tandem sim")
     if ctx.invoked_subcommand is not None:

@@ -47,7 +47,7 @@ def build_spm_tokenizer(
         fuse_unk=True,
     )
     tok = Tokenizer(bpe)
-    steps = [normalizers.Replace(" ", SPACE)]
+    steps: list[normalizers.Normalizer] = [normalizers.Replace(" ", SPACE)]
     if add_space_prefix:
         steps.insert(0, normalizers.Prepend(SPACE))
     tok.normalizer = normalizers.Sequence(steps)

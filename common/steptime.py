@@ -152,14 +152,16 @@ class StepModel:
 
 
 def _check_series(
-    what: str, keys: Sequence[int], values: Sequence[float], counts: Sequence[int],
+    what: str, keys: Sequence[object], values: Sequence[float], counts: Sequence[object],
     key_max: int, value_max: float,
 ) -> None:  # fmt: skip
+    # objects: a dataclass does not enforce its fields' types, so a caller's strings land here
     if not len(keys) == len(values) == len(counts) or len(keys) > MAX_POINTS:
         raise ValueError(f"{what}: lists must have equal lengths <= {MAX_POINTS}")
-    if any(not isinstance(k, int) or not 1 <= k <= key_max for k in keys):
+    sizes = [k for k in keys if isinstance(k, int) and 1 <= k <= key_max]
+    if len(sizes) < len(keys):
         raise ValueError(f"{what}: sizes must be integers in 1..{key_max}")
-    if any(b <= a for a, b in zip(keys, keys[1:], strict=False)):
+    if any(b <= a for a, b in zip(sizes, sizes[1:], strict=False)):
         raise ValueError(f"{what}: sizes must be strictly increasing")
     if any(not _finite_in(v, 0.0, value_max) or v == 0 for v in values):
         raise ValueError(f"{what}: values must be finite and in (0, {value_max}]")

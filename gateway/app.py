@@ -206,12 +206,11 @@ class Gateway:
         gets its HTTP status), then stream: the first token then goes from the router's
         socket to the HTTP connection inside the streaming task, without waking this
         handler in between (TTFT)."""
-        assert self.client is not None
-        events = self.client.events(request_id=reply.request_id, **gen.options, stream=True)
+        client = self.client
+        assert client is not None
+        events = client.events(request_id=reply.request_id, **gen.options, stream=True)
         try:
             first = await unless_disconnected(request, anext(events))
-            if isinstance(first, p.Accepted):
-                first = None  # nothing to show yet: the stream starts with its first token
         except BaseException:
             self.release()
             raise
@@ -220,7 +219,7 @@ class Gateway:
         def close() -> None:  # runs however the response ends, even if never started
             self.release()
             if not ended:  # the client left (or the stream broke): free the worker
-                self.client.cancel(reply.request_id)  # type: ignore[union-attr]
+                client.cancel(reply.request_id)
 
         body = self._events(events, first, gen, reply, ended)
         return EventStream(body, headers=SSE_HEADERS, on_close=close)
@@ -228,17 +227,17 @@ class Gateway:
     async def _events(
         self,
         events: AsyncIterator[p.Accepted | Delta | Result],
-        item: Delta | Result | None,
+        item: p.Accepted | Delta | Result,
         gen: Generation,
         reply: Reply,
         ended: list[bool],
     ) -> AsyncIterator[bytes]:
         try:
             role = reply.chat  # the first chat chunk carries the assistant role
-            if item is None:
-                item = await anext(events)  # type: ignore[assignment]
-            while isinstance(item, Delta):
-                if role:
+            while not isinstance(item, Result):
+                if isinstance(item, p.Accepted):  # nothing to show yet
+                    pass
+                elif role:
                     yield reply.chunk(item.text, role=True, logprobs=item.logprobs)
                     role = False
                 elif item.logprobs is not None:  # even with no text yet: none is lost
@@ -314,9 +313,9 @@ def build_app(cfg: GatewayConfig) -> Starlette:
     ]
     app = Starlette(
         routes=routes,
-        exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
+        exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
-        middleware=[Middleware(MetricsMiddleware, metrics=metrics)],  # type: ignore[arg-type]
+        middleware=[Middleware(MetricsMiddleware, metrics=metrics)],
     )
     app.state.gateway = gw
     app.state.metrics = metrics

@@ -70,7 +70,7 @@ class EventStream(StreamingResponse):
         finally:
             for task in (streamer, watcher):
                 task.cancel()
-            outcome: list[Any] = await asyncio.gather(streamer, watcher, return_exceptions=True)
+            outcome = await asyncio.gather(streamer, watcher, return_exceptions=True)
             aclose = getattr(self.body_iterator, "aclose", None)
             try:
                 if aclose is not None:

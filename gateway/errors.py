@@ -33,7 +33,7 @@ _BY_CODE: dict[str, tuple[int, str]] = {
     ROUTER_UNAVAILABLE: (503, "service_unavailable"),  # no router runs at its address
     "timeout": (504, "timeout"),
 }
-_OPENAI_CODE = {p.PROMPT_TOO_LONG: "context_length_exceeded"}
+_OPENAI_CODE: dict[str, str] = {p.PROMPT_TOO_LONG: "context_length_exceeded"}
 log = logging.getLogger(__name__)
 
 

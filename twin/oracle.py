@@ -230,8 +230,8 @@ def annotate(
             else:
                 search = PlacementSearch(devices, arrivals, book, wl.seeds_prefix, alone)
                 searches = [search] * len(same)
-                best = search.best([o for o in owns if "" not in o], budget)
-                bests = [best] * len(same)
+                found = search.best([o for o in owns if "" not in o], budget)
+                bests = [found] * len(same)
             for (policy, run), own, search, best in zip(same, owns, searches, bests, strict=True):
                 if "" in own or best is None:  # a failed request: nothing to compare
                     continue

@@ -60,8 +60,10 @@ def _slowness(b: int, points: Mapping[int, float]) -> float:
     return max([1.0, *(f / rate for f in floors)])
 
 
-def judge(measured: Mapping[int, float]) -> Verdict:
-    """The measured points less their stalls, or rejected (see the module docstring)."""
+def judge(measured: Mapping[int, object]) -> Verdict:
+    """The measured points less their stalls, or rejected (see the module docstring).
+
+    A value may be anything a measurement produced (None, NaN, a string): rule 1."""
     notes: list[str] = []
     points: dict[int, float] = {}
     for b, rate in sorted(measured.items()):

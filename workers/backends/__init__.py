@@ -8,11 +8,19 @@ only when their backend is used: llama.cpp and MLX are optional installs.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from tandem.workers.config import WorkerConfig
     from tandem.workers.engine import Backend
+
+
+class BackendClass(Protocol):
+    """A registered backend class: its one constructor from the worker's configuration."""
+
+    def from_config(self, cfg: WorkerConfig, model: Path) -> Backend: ...
+
 
 # name -> "module:class"
 _REGISTRY = {
@@ -23,12 +31,13 @@ _REGISTRY = {
 BACKENDS = tuple(_REGISTRY)
 
 
-def backend_class(name: str) -> type:
+def backend_class(name: str) -> BackendClass:
     """The class registered as ``name`` (ValueError names the known ones)."""
     if name not in _REGISTRY:
         raise ValueError(f"backend must be one of {BACKENDS}, not {name!r}")
     module, cls = _REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+    found: BackendClass = getattr(importlib.import_module(module), cls)
+    return found
 
 
 def build_backend(cfg: WorkerConfig) -> Backend:

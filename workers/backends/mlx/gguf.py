@@ -32,7 +32,7 @@ from tandem.workers.backends.mlx.arch import GgufMetadata, family_of, finish_mod
 log = logging.getLogger(__name__)
 
 GGUF_GROUP_SIZE = 32  # Q4_0 / Q4_1 / Q8_0 blocks hold 32 weights
-REQUANT_BITS_DEFAULT = 8  # see the module docstring; None would keep each type's bits
+REQUANT_BITS_DEFAULT: int | None = 8  # see the module docstring; None would keep each type's bits
 # ggml type id -> MLX bits when a tensor of that type arrives dequantized:
 # Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS
 REQUANT_BITS = {2: 4, 3: 4, 6: 5, 7: 5, 8: 8, 10: 2, 11: 3, 12: 4, 13: 5, 14: 6, 20: 4, 23: 4}
@@ -126,7 +126,7 @@ def build_model(config: dict[str, Any], weights: dict[str, mx.array]) -> nn.Modu
 
         def predicate(path: str, layer: nn.Module) -> bool | dict[str, int]:
             if path in quant:
-                return quant[path]  # type: ignore[no-any-return]
+                return quant[path]
             return hasattr(layer, "to_quantized") and f"{path}.scales" in weights
 
         nn.quantize(model, quant["group_size"], quant["bits"], class_predicate=predicate)
