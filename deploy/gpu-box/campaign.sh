@@ -45,10 +45,16 @@ stage() {  # stage NAME CAP_S CMD...: run CMD for at most CAP_S (and what is lef
   if [ "$left" -lt 20 ]; then echo "skip $name: budget spent" | tee -a "$out/stages.txt"; return; fi
   [ "$cap" -lt "$left" ] && left=$cap
   echo "== $name ($left s) $*" | tee -a "$out/stages.txt"
-  local t0=$(date +%s)
+  local t0 rc
+  t0=$(date +%s)
   timeout "$left" "$@" > "$out/$name.log" 2>&1
-  echo "   $name: rc $? in $(( $(date +%s) - t0 )) s" | tee -a "$out/stages.txt"
+  rc=$?
+  echo "   $name: rc $rc in $(( $(date +%s) - t0 )) s" | tee -a "$out/stages.txt"
+  return "$rc"
 }
+
+# shellcheck source=deploy/gpu-box/engines.sh
+. "$root/deploy/gpu-box/engines.sh"
 
 profile_gpu() {  # profile_gpu NAME [--no-save]
   stage "$1" 240 $PY -m tandem profile --backend mlx --device gpu --max-active 16 --json "${@:2}"
@@ -169,7 +175,10 @@ for s in "$@"; do
              --no-progress --out "$out/outlier-$told-$i"
         done
       done ;;
+    engines:*) engines "$s" ;;  # engines:MODEL:WORKERS:GPU_MAX:BURSTS (engines.sh)
     *) echo "unknown stage $s" >&2 ;;
   esac
 done
-tar czf "$OUT/h200-$(IFS=-; echo "$*").tgz" -C "$OUT" h200 && rm -rf "$out"
+# $OUT's names may hold letters, digits, '.', '_' and '-' only (a stage name has ':' ...)
+tag=$(IFS=-; echo "$*" | tr -c 'A-Za-z0-9._\n-' '_' | cut -c1-120)
+tar czf "$OUT/h200-${TAG:-$tag}.tgz" -C "$OUT" h200 && rm -rf "$out"
