@@ -21,8 +21,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,6 +34,9 @@ from tandem.bench.shaped_vocab import (
     VocabSource,
     tokenizer_kv,
 )
+
+if TYPE_CHECKING:  # imported where a file is written, not on import
+    import gguf
 
 Q8_0_BLOCK = 32  # weights per Q8_0 block: one float16 scale, 32 int8 values
 ARCHS = ("llama", "qwen2", "phi3", "gemma", "gemma2")
@@ -66,7 +70,7 @@ class Shape:
         return self.head_dim or self.hidden // self.heads
 
 
-_TINY = dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128)
+_TINY = Shape(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128)
 SHAPES = {
     # Qwen2.5-0.5B(-Instruct), config.json: 494M parameters, embeddings tied.
     "qwen2.5-0.5b": Shape(896, 24, 14, 2, 4864, 151936, arch="qwen2", rope_base=1e6),
@@ -78,24 +82,24 @@ SHAPES = {
     # A few-layer miniature of the llama layout with the default model's tokenizer.
     "tiny": Shape(64, 2, 4, 2, 128, 50000),
     # One miniature per family, each with its family's tokenizer.
-    "tiny-qwen2": Shape(**_TINY, arch="qwen2", rope_base=1e6, tokenizer=VocabSource("qwen2")),
+    "tiny-qwen2": replace(_TINY, arch="qwen2", rope_base=1e6, tokenizer=VocabSource("qwen2")),
     # Llama 3.1 scales wavelengths past 8192 tokens; the miniature past 256, so that
     # positions within a short test prompt already depend on the scaled frequencies.
-    "tiny-llama3": Shape(
-        **_TINY,
+    "tiny-llama3": replace(
+        _TINY,
         rope_base=5e5,
         llama3_rope=256,
         tied=False,
         tokenizer=VocabSource("llama-bpe", LLAMA3_TEMPLATE),
     ),  # fmt: skip
-    "tiny-mistral": Shape(
-        **_TINY, tied=False, rms_eps=1e-5, tokenizer=VocabSource("llama-spm", MISTRAL_TEMPLATE)
+    "tiny-mistral": replace(
+        _TINY, tied=False, rms_eps=1e-5, tokenizer=VocabSource("llama-spm", MISTRAL_TEMPLATE)
     ),  # fmt: skip
-    "tiny-phi3": Shape(
-        **_TINY, arch="phi3", tied=False, rms_eps=1e-5, tokenizer=VocabSource("phi-3")
+    "tiny-phi3": replace(
+        _TINY, arch="phi3", tied=False, rms_eps=1e-5, tokenizer=VocabSource("phi-3")
     ),  # fmt: skip
-    "tiny-gemma": Shape(**_TINY, arch="gemma", head_dim=32, tokenizer=GEMMA_VOCAB),
-    "tiny-gemma2": Shape(**_TINY, arch="gemma2", head_dim=32, tokenizer=GEMMA_VOCAB),
+    "tiny-gemma": replace(_TINY, arch="gemma", head_dim=32, tokenizer=GEMMA_VOCAB),
+    "tiny-gemma2": replace(_TINY, arch="gemma2", head_dim=32, tokenizer=GEMMA_VOCAB),
 }
 FAMILY_SHAPES = tuple(name for name in SHAPES if name.startswith("tiny-"))
 
@@ -140,7 +144,7 @@ def write_shaped_model(shape: Shape, path: Path, seed: int = 0) -> Path:
     return path
 
 
-def _add_hparams(w, shape: Shape, vocab: int) -> None:
+def _add_hparams(w: gguf.GGUFWriter, shape: Shape, vocab: int) -> None:
     import gguf
 
     w.add_block_count(shape.layers)
@@ -163,7 +167,7 @@ def _add_hparams(w, shape: Shape, vocab: int) -> None:
         w.add_sliding_window(4096)
 
 
-def _add_tensors(w, shape: Shape, vocab: int, rng: np.random.Generator) -> None:
+def _add_tensors(w: gguf.GGUFWriter, shape: Shape, vocab: int, rng: np.random.Generator) -> None:
     import gguf
 
     q8 = gguf.GGMLQuantizationType.Q8_0
