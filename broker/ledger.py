@@ -37,6 +37,7 @@ from tandem.broker.calibration import Calibration
 from tandem.broker.policies import WorkerView
 from tandem.broker.registry import WorkerState
 from tandem.common.blocks import PrefixChain
+from tandem.common.pricing import tier_cached
 
 
 class PromptBlocks:
@@ -65,7 +66,8 @@ class PromptBlocks:
         held = w.cache.held
         if not held:
             return 0
-        return self.chain(w.info.block_size).matched_tokens(held)
+        chain = self.chain(w.info.block_size)
+        return tiered(w, chain, chain.matched_tokens(held), w.info.prefill_tok_s)
 
 
 class ViewCache:
@@ -129,7 +131,8 @@ class ViewCache:
             for i in compress(range(len(ws)), map(contains, helds, repeat(first[0]))):
                 view = out[i]
                 if view is not None and (len(sizes) == 1 or ws[i].info.block_size == bs):
-                    out[i] = view.with_cached(chain.matched_tokens(helds[i]))  # cached_on
+                    w, matched = ws[i], chain.matched_tokens(helds[i])
+                    out[i] = view.with_cached(tiered(w, chain, matched, view.prefill_rate))
         return [v for v in out if v is not None] if gaps else cast(list[WorkerView], out)
 
     def sole(self, prompt_tokens: int, budget: int) -> WorkerState | None:
@@ -222,3 +225,13 @@ class _Pool:
 
 
 _version = attrgetter("version")
+
+
+def tiered(w: WorkerState, chain: PrefixChain, matched: int, prefill_tok_s: float) -> int:
+    """``matched`` cached tokens on ``w`` as priced: those only in its host-RAM tier
+    count as a restore costs (common/pricing.py ``tier_cached``)."""
+    device = w.cache.device
+    if device is None or not matched:
+        return matched
+    on_device = chain.matched_tokens(device.held)
+    return tier_cached(matched, on_device, prefill_tok_s, w.cache.restore_tok_s)

@@ -10,6 +10,13 @@ match (workers match at block granularity for this reason).
 The set travels as deltas with sequence numbers plus a full listing on request
 and on a slow period (``CacheLog`` on the worker, ``CacheView`` on the router):
 heartbeats stay small, and a lost or reordered delta is detected, not guessed.
+
+Tiers: a worker with a host-RAM tier (workers/host_cache.py) adds to its report a
+``device`` report of its own (the blocks held on the device, a second CacheLog) and
+``restore_tok_s`` (how fast it restores from host RAM; 0: not measured yet). The
+router then knows which held blocks a hit would restore rather than share, and
+prices them so (common/pricing.py ``tier_cached``). Without the key every held
+block is on the device.
 """
 
 from __future__ import annotations
@@ -215,6 +222,8 @@ class CacheView:
         self.seq = -1  # nothing applied yet
         self._reported: set[int] = set()
         self._noted: dict[int, float] = {}  # block -> until (clock time)
+        self.device: CacheView | None = None  # the device tier's, when the worker has a host tier
+        self.restore_tok_s = 0.0  # the worker's host-RAM restore rate (0: unknown)
 
     def note(self, blocks: Sequence[int], until: float) -> None:
         """``blocks`` finished on this worker: count them as cached until ``until``."""
@@ -222,9 +231,13 @@ class CacheView:
             if h not in self._reported:
                 self._noted[h] = until
                 self.held.add(h)
+        if self.device is not None:  # a finished request's KV is kept on the device
+            self.device.note(blocks, until)
 
     def expire(self, now: float) -> None:
         """Noted blocks past their time count only if a report has them."""
+        if self.device is not None:
+            self.device.expire(now)
         if not self._noted:
             return
         gone = [h for h, until in self._noted.items() if until <= now]
@@ -257,4 +270,20 @@ class CacheView:
         except (KeyError, TypeError, ValueError):
             return False
         self.expire(now)
-        return True
+        return self._apply_device(report, now)
+
+    def _apply_device(self, report: dict[str, Any], now: float) -> bool:
+        """The ``device`` sub-report and ``restore_tok_s`` of a tiered worker."""
+        sub = report.get("device")
+        if sub is None:
+            return True
+        if not isinstance(sub, dict):
+            return False
+        if self.device is None:
+            self.device = CacheView()
+        try:
+            rate = float(report.get("restore_tok_s", self.restore_tok_s))
+        except (TypeError, ValueError):
+            return False
+        self.restore_tok_s = rate if math.isfinite(rate) and rate >= 0 else 0.0
+        return self.device.apply(sub, now)

@@ -154,3 +154,16 @@ def _live_prefill(model: StepModel | None) -> tuple[float, int] | None:
         return None
     _, rate, n = big[-1]
     return rate, n
+
+
+def tier_cached(matched: int, on_device: int, prefill_tok_s: float, restore_tok_s: float) -> int:
+    """The cached tokens a policy may treat as free when ``matched`` tokens of a prompt
+    are held and ``on_device`` of them on the device: the rest sit in host RAM and
+    cost a restore (common/blocks.py tiers), i.e. ``prefill_tok_s / restore_tok_s``
+    of a prefill each, so they count for ``1 -`` that. An unknown restore rate (0)
+    counts them whole: llama.cpp restored SmolLM2 ~1,000-30,000x faster than it
+    prefilled on a CPU (docs/results/prefix-cache-memory.md)."""
+    host = matched - on_device
+    if host <= 0 or restore_tok_s <= 0 or prefill_tok_s <= 0:
+        return matched
+    return on_device + round(host * max(0.0, 1.0 - prefill_tok_s / restore_tok_s))

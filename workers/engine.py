@@ -148,7 +148,7 @@ class Engine:
         elif isinstance(msg, p.Cancel):
             self.cancel(msg.request_id)
         elif isinstance(msg, p.ResyncCache):  # also queued on every Welcome
-            self.cache.log.request_full()
+            self.cache.request_full()
             self.timer.forget_sent()  # a new router knows no step model yet
             self._changed = True
         elif isinstance(msg, p.Reregister):
@@ -327,7 +327,7 @@ class Engine:
     def maybe_heartbeat(self) -> None:
         now = self.clock()
         if now - self._last_full >= self.cfg.full_resync_s:
-            self.cache.log.request_full()  # heals any delta the router silently lost
+            self.cache.request_full()  # heals any delta the router silently lost
             self._last_full = now
         due = now - self._last_hb >= self.cfg.heartbeat_s
         if self._changed or due or self.timer.has_news():
@@ -346,7 +346,7 @@ class Engine:
             queued=[r.summary() for r in self.queue],
             kv_used_tokens=sum(len(r.kv_tokens()) for r in self.active) + self.cache.tokens_held,
             kv_capacity_tokens=self.backend.n_ctx,
-            cache=self.cache.log.report(),
+            cache=self.cache.report(),
             steps=self.timer.report(),
         )
         if hb != self._last_sent_hb:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ def restored(cache: PrefixCache, backend: Any, match: Match) -> Match:
         return match
     for handle in cache.evict(len(entry.tokens), entries_needed=1):  # room first
         backend.free(handle)
+    t = time.perf_counter()
     try:
         handle = backend.restore(entry.handle)
     except Exception:  # the prefill path still works: serve the request with it
@@ -55,9 +57,22 @@ def restored(cache: PrefixCache, backend: Any, match: Match) -> Match:
         handle = None
     if handle is None:
         return Match(None, 0)
+    _note_rate(cache, backend, len(entry.tokens), time.perf_counter() - t)
     for h in cache.promote(entry, handle):
         backend.free(h)
     return match
+
+
+def _note_rate(cache: PrefixCache, backend: Any, tokens: int, took_s: float) -> None:
+    """The restore rate the router prices host hits with: the backend's own (a modelled
+    device: the twin stays deterministic), else a running mean of measured restores."""
+    told = getattr(backend, "restore_tok_s", None)
+    if told:
+        cache.restore_tok_s = float(told)
+    elif took_s > 0:
+        rate = tokens / took_s
+        old = cache.restore_tok_s
+        cache.restore_tok_s = rate if old == 0 else 0.8 * old + 0.2 * rate
 
 
 def cache_plan(cfg: WorkerConfig, model: str | Path, device: str) -> CachePlan:

@@ -85,6 +85,7 @@ class PrefixCache:
         self._ids = itertools.count(1)
         self._clock = itertools.count(1)
         self._floor = 0.0  # "value": the credit of the last entry evicted (aging)
+        self.restore_tok_s = 0.0  # host-tier restores, measured (workers/host_cache.py)
 
     @property
     def capacity_tokens(self) -> int:
@@ -172,6 +173,19 @@ class PrefixCache:
         self._retier(entry, DEVICE, handle)
         freed = self.evict(0)  # over by this entry at most; it is pinned while restored
         return freed
+
+    def report(self) -> dict[str, Any]:
+        """The heartbeat's ``cache`` field (common/blocks.py): every tier's blocks, and
+        with a host tier the device's own report and the restore rate."""
+        out = self.log.report()
+        if self.capacity[HOST]:
+            out["device"] = self.device_log.report()
+            out["restore_tok_s"] = round(self.restore_tok_s)
+        return out
+
+    def request_full(self) -> None:
+        self.log.request_full()
+        self.device_log.request_full()
 
     def pin(self, entry: Entry) -> None:
         entry.pins += 1

@@ -185,3 +185,57 @@ def test_without_a_saving_backend_there_is_no_host_tier():
 
     cache = make_cache(NoSave(), EngineConfig(host_cache_tokens=1000))
     assert cache.capacity[HOST] == 0
+
+
+# ------------------------------------------------------------ the router learns the tiers
+def test_heartbeat_reports_say_which_blocks_are_on_the_device():
+    from tandem.common.blocks import CacheView
+
+    c, _ = tiered(host_tokens=16)
+    view = CacheView()
+    a, _ = c.insert(seq(8, 100), "a")
+    assert view.apply(c.report()) and view.device is not None
+    c.insert(seq(8, 200), "b")  # a moves to host RAM: still held, no longer on the device
+    c.restore_tok_s = 250_000.0
+    assert view.apply(c.report())
+    assert set(a.hashes) <= view.held and not set(a.hashes) & view.device.held
+    assert view.restore_tok_s == 250_000.0
+    lost = c.report()  # nothing changed: an empty delta for both
+    c.match(seq(9, 200))
+    c.insert(seq(8, 300), "c")
+    skipped = c.report()
+    c.insert(seq(8, 400), "d")
+    assert view.apply(lost) and not view.apply(c.report()), "a gap in either report is seen"
+    assert view.apply(skipped)
+
+
+def test_no_host_tier_no_device_report():
+    c = PrefixCache(BS, 100, 4)
+    c.insert(seq(8), "a")
+    assert "device" not in c.report()
+
+
+def test_host_hits_are_priced_as_restores():
+    from types import SimpleNamespace
+
+    from tandem.broker.ledger import PromptBlocks
+    from tandem.broker.ledger import tiered as priced
+    from tandem.common.blocks import CacheView
+    from tandem.common.pricing import tier_cached
+
+    assert tier_cached(100, 100, 200.0, 1000.0) == 100
+    assert tier_cached(100, 20, 200.0, 1000.0) == 20 + 64  # 80 restored at a fifth the cost
+    assert tier_cached(100, 20, 200.0, 0.0) == 100  # rate unknown: counted whole
+    assert tier_cached(100, 20, 2000.0, 1000.0) == 20  # slower than prefill: worth nothing
+    c, _ = tiered(host_tokens=16)
+    c.insert(seq(8, 100), "a")
+    c.insert(seq(8, 200), "b")
+    c.restore_tok_s = 400.0
+    view = CacheView()
+    assert view.apply(c.report())
+    w = SimpleNamespace(cache=view)
+    chain = PromptBlocks(seq(12, 100)).chain(BS)
+    matched = chain.matched_tokens(view.held)
+    assert matched == 8 and priced(w, chain, matched, prefill_tok_s=100.0) == 6  # 8 x 3/4
+    chain = PromptBlocks(seq(12, 200)).chain(BS)
+    assert priced(w, chain, chain.matched_tokens(view.held), prefill_tok_s=100.0) == 8

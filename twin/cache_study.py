@@ -1,7 +1,7 @@
 """The prefix cache on the Mooncake trace, in the twin: today's cache, the memory-sized
 default, eviction by value against LRU, and the per-worker bound.
 
-    python -m tandem.bench.cache_study --limit 1000 --limit 0 --out /tmp/cache-study
+    python -m tandem.twin.cache_study --limit 1000 --limit 0 --out /tmp/cache-study
 
 Lengths / 16 and outputs / 4 (bench/trace.py), real arrival times, one H200 fleet
 (``sim:h200-gpu`` and ``sim:h200-cpu``, their profiles' memory: workers/memory.py
@@ -39,7 +39,7 @@ CONFIGS: dict[str, CacheSpec] = {
     "default": CacheSpec(),
     "default-lru": CacheSpec(cache_policy="lru"),
 }
-CAPACITIES = (4096, 16384, 65536)  # eviction at a cache that binds: value vs lru, no host tier
+CAPACITIES = (16384, 131072, 524288)  # eviction where a cache binds: value vs lru, no host tier
 
 
 def constrained() -> dict[str, CacheSpec]:
