@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from functools import partial
 
 from tandem.client import AsyncClient, Client, TandemError
 from tandem.launcher.cluster import Cluster, free_tcp_address
@@ -78,9 +79,9 @@ def main(repeats: int) -> None:
     record("tandem --version (interpreter start)", *timed(lambda: cli("--version"), repeats))
     for args in (["status"], ["generate", "hi"], ["top", "--once"]):
         label = f"tandem {' '.join(args)}"
-        record(label, *timed(lambda a=args: cli(*a, "--router", address), repeats))  # type: ignore[misc]
+        record(label, *timed(partial(cli, *args, "--router", address), repeats))
     for name, call in (("status", Client.status), ("generate", lambda c: c.generate("hi"))):
-        record(f"Client.{name}", *timed(lambda f=call: library(f, address), repeats))  # type: ignore[misc]
+        record(f"Client.{name}", *timed(partial(library, call, address), repeats))
     record("AsyncClient.status", *timed(lambda: async_status(address), repeats))
     cl = Cluster(transport="tcp")  # never started: the gateway faces no router
     try:

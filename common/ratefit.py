@@ -115,11 +115,11 @@ def _fill(n: int, keep: list[int], fitted: list[float]) -> list[float]:
             continue
         left = max((k for k in keep if k < i), default=None)
         right = min((k for k in keep if k > i), default=None)
-        if left is None or right is None:
-            out[i] = out[right if left is None else left]  # type: ignore[index]
-        else:
+        if left is not None and right is not None:
             t = (i - left) / (right - left)
             out[i] = out[left] + t * (out[right] - out[left])
+        else:  # past either end: the nearest kept value
+            out[i] = out[next(k for k in (left, right) if k is not None)]
     return out
 
 

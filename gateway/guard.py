@@ -68,6 +68,8 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol with ``limits`` applied (uvicorn's ``http=``)."""
 
     class GuardedHttpProtocol(HttpToolsProtocol):
+        # A stream protocol is handed a Transport; asyncio's stubs type the base's argument
+        # as BaseTransport, and uvicorn's own override carries the same ignore.
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._deadline: asyncio.TimerHandle | None = None

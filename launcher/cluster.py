@@ -184,8 +184,8 @@ class Cluster:
         path = self.log_dir / f"{name}.log"
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""
 
-    def client(self, **kwargs: float) -> Client:
-        return Client(self.client_addr, keys=self.keys, **kwargs)  # type: ignore[arg-type]
+    def client(self, timeout_s: float = 300.0) -> Client:
+        return Client(self.client_addr, timeout_s=timeout_s, keys=self.keys)
 
     def __enter__(self) -> Cluster:
         return self.start()
