@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any
 
@@ -155,10 +156,17 @@ def _fmt_s(v: object) -> str:
 
 
 def _explainer(worker_sel: str | None) -> Any:
-    """``on_wait`` for the Client: one line on stderr saying what the request waits for."""
+    """``on_wait`` for the Client: a line on stderr saying what the request waits for,
+    again whenever that changes (the client asks every few seconds while it waits);
+    a line whose numbers alone changed (seconds left) is not repeated."""
+    said = [""]
 
     def explain(status: p.StatusReply) -> None:
-        click.echo(waiting_line(status, worker_sel), err=True)
+        line = waiting_line(status, worker_sel)
+        shape = re.sub(r"[0-9.]+", "#", line)
+        if shape != said[0]:
+            said[0] = shape
+            click.echo(line, err=True)
 
     return explain
 

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from tandem.client.sync import Client
 
 WAIT_NOTICE_S = 1.0  # a request not accepted this fast: the client's ``on_wait`` hears why
+WAIT_AGAIN_S = 2.0  # while the router holds it, ``on_wait`` hears the status this often
 
 
 class Stream:
@@ -26,7 +27,7 @@ class Stream:
         self.submit = submit
         self.request_id = submit.request_id
         self._asm = Assembly(submit.request_id)
-        self._accepted = False
+        self._held = False  # the router said it holds the request (``on_wait`` heard why)
         self._send_with_retry()
 
     @property
@@ -42,7 +43,7 @@ class Stream:
             raise TandemError("this stream was left before its end: its request was cancelled")
         try:
             while self._asm.result is None:
-                msg = c._next(rid, c.timeout_s)
+                msg = self._while_held() if self._held else c._next(rid, c.timeout_s)
                 if msg is None:
                     c.cancel(rid)
                     self._close()
@@ -60,6 +61,23 @@ class Stream:
                 if not c._sock.sock.closed:
                     c.cancel(rid)
                 self._close()
+
+    def _while_held(self) -> p.Message | None:
+        """The request's next message, while the router holds it: ``on_wait`` hears the
+        router's status every WAIT_AGAIN_S meanwhile (a starting worker loads, then
+        measures itself), until anything for the request comes or ``timeout_s``."""
+        c = self.client
+        deadline = time.monotonic() + c.timeout_s
+        while (left_s := deadline - time.monotonic()) > 0:
+            msg = c._next(self.request_id, min(WAIT_AGAIN_S, left_s))
+            if msg is not None:
+                self._held = False
+                return msg
+            c._send(p.StatusQuery())
+            status = c._next(None, c.connect_timeout_s)
+            if isinstance(status, p.StatusReply) and c.on_wait is not None:
+                c.on_wait(status)
+        return None
 
     def _close(self) -> None:
         """Finished or failed: forget its mailbox; late messages for it are dropped."""
@@ -88,6 +106,7 @@ class Stream:
                 if status is not None:  # the router is alive and holds the request
                     if c.on_wait is not None and isinstance(status, p.StatusReply):
                         c.on_wait(status)
+                        self._held = True
                     return
                 c._reconnect()
         except BaseException:
