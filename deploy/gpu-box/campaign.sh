@@ -61,7 +61,8 @@ profile_gpu() {  # profile_gpu NAME [--no-save]
 }
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  nproc; $PY -c 'import mlx.core as mx, llama_cpp; print("mlx", mx.__version__, "llama_cpp", llama_cpp.__version__)'
+  nproc; $PY -c 'import mlx.core as mx, llama_cpp as L; print("mlx", mx.__version__, "llama_cpp",
+L.__version__, "gpu offload", L.llama_supports_gpu_offload())'
   env | grep '^MLX_' || true
 } > "$out/machine.txt" 2>&1
 
@@ -175,7 +176,7 @@ for s in "$@"; do
              --no-progress --out "$out/outlier-$told-$i"
         done
       done ;;
-    engines:*) engines "$s" ;;  # engines:MODEL:WORKERS:GPU_MAX:BURSTS (engines.sh)
+    engines:*) engines "$s" ;;  # engines:MODEL:WORKERS:GPU_MAX:BURSTS[:CAP_S] (engines.sh)
     *) echo "unknown stage $s" >&2 ;;
   esac
 done

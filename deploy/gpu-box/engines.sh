@@ -3,7 +3,7 @@
 # engines on one box — llama.cpp on the CPU cores, llama.cpp on the GPU (a CUDA build),
 # MLX on the GPU — or any pair of them, policies interleaved per round.
 #
-#   engines:MODEL:WORKERS:GPU_MAX:BURSTS
+#   engines:MODEL:WORKERS:GPU_MAX:BURSTS[:CAP_S]
 #     MODEL    embedded (the default SmolLM2-135M) | qwen05 | qwen7 (Qwen2.5-0.5B / -7B
 #              shapes, random weights, Qwen's tokenizer: written on the box once per
 #              warm session, ~10 s and ~2-3 min)
@@ -11,6 +11,8 @@
 #     GPU_MAX  the GPU workers' max active, a comma list (--sweep-max-active; the CPU
 #              stays at 4)
 #     BURSTS   burst sizes, a comma list (8,48)
+#     CAP_S    this stage's cap in seconds (ENG_CAP, 560, by default; the call's
+#              BUDGET_S bounds it too): a later stage of the call keeps its time
 #   e.g. engines:embedded:cpu+lgpu+mgpu:16:8,48
 #
 # Policies: forced:<each GPU worker>, least_loaded and the router's default (its name
@@ -51,10 +53,10 @@ with_model() {  # with_model SPEC: SPEC with the model file after its backend
   echo "${spec%%:*}:$model_path:${spec#*:}"
 }
 
-engines() {  # engines engines:MODEL:WORKERS:GPU_MAX:BURSTS
-  local _ model names sweep bursts w n name
+engines() {  # engines engines:MODEL:WORKERS:GPU_MAX:BURSTS[:CAP_S]
+  local _ model names sweep bursts cap w n name
   local -a spec=() pol=() req=()
-  IFS=: read -r _ model names sweep bursts <<< "$1"
+  IFS=: read -r _ model names sweep bursts cap <<< "$1"
   if [ -z "$bursts" ]; then echo "engines: want engines:MODEL:WORKERS:GPU_MAX:BURSTS, not $1" >&2; return; fi
   model_path=""
   case "$model" in
@@ -79,7 +81,7 @@ engines() {  # engines engines:MODEL:WORKERS:GPU_MAX:BURSTS
   name="eng-$model-${names//+/-}-a${sweep//,/-}-n${bursts//,/-}"
   local pinning=${PINNING-"--router-cpus 12 --cpus 13-15"}
   # shellcheck disable=SC2086  # $pinning is a list of flags
-  stage "$name" "${ENG_CAP:-560}" $PY -m tandem bench --preset seed "${req[@]}" "${spec[@]}" \
+  stage "$name" "${cap:-${ENG_CAP:-560}}" $PY -m tandem bench --preset seed "${req[@]}" "${spec[@]}" \
     --sweep-max-active "$sweep" $pinning --reuse-workers \
     "${pol[@]}" --runs "${RUNSP:-3}" --rates advertised --no-progress --out "$out/$name"
   if [ -f "$out/$name/result.json" ]; then

@@ -9,27 +9,33 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 parts=${TANDEM_PARTS:-/root/parts}
+staged=${STAGE_ROOT:-/root/stage} site=${SITE:-/tmp/site}  # overridable for a dry run
 pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site "$@"; }
-if [ ! -f /tmp/site/.tandem-staged ]; then
-  mkdir -p /root/stage
-  cat "$parts"/chunk.* | tar xf - -C /root/stage
-  mapfile -t whls < <(find /root/stage -path '*/wheels/*.whl')
+  --target "$site" "$@"; }
+if [ ! -f "$site/.tandem-staged" ]; then
+  mkdir -p "$staged"
+  # The last chunk (the tail of the CPU build, pack.sh) is not sent where the box has
+  # the CUDA build: what arrived is unpacked, and tar's complaint about the end noted.
+  if ! cat "$parts"/chunk.* | tar xf - -C "$staged" 2> "$staged/untar.err"; then
+    echo "run.sh: the staged tar ends early (its last chunk not sent?):" \
+      "$(tail -1 "$staged/untar.err")" >&2
+  fi
+  mapfile -t whls < <(find "$staged" -path '*/wheels/*.whl')
   pipi "${whls[@]}"
-  if [ ! -f /tmp/site/.llama-cuda ]; then
-    cuda=$(find /root/stage -path '*/llama-cuda/*.whl' | head -1)
+  if [ ! -f "$site/.llama-cuda" ]; then
+    cuda=$(find "$staged" -path '*/llama-cuda/*.whl' | head -1)
     if [ -n "$cuda" ]; then
-      pipi "$cuda" && touch /tmp/site/.llama-cuda
+      pipi "$cuda" && touch "$site/.llama-cuda"
     else
-      pipi "$(find /root/stage -path '*/llama-cpu/*.whl' | head -1)"
+      pipi "$(find "$staged" -path '*/llama-cpu/*.whl' | head -1)"
     fi
   fi
-  touch /tmp/site/.tandem-staged
+  touch "$site/.tandem-staged"
 fi
 # libggml-cuda's libcublas/libcudart 13, where the loader alone does not find them
 # (build_llama_cuda.sh notes the folder).
-if [ -f /tmp/site/.llama-cuda-ld ]; then
-  LD_LIBRARY_PATH="$(cat /tmp/site/.llama-cuda-ld)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ -f "$site/.llama-cuda-ld" ]; then
+  LD_LIBRARY_PATH="$(cat "$site/.llama-cuda-ld")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export LD_LIBRARY_PATH
 fi
 # tandem is not installed there (no index to build it with): make the checkout
@@ -38,12 +44,12 @@ fi
 for room in bench broker cli client common gateway launcher twin workers; do
   ln -sfn "$root/$room" "$root/tandem/$room"
 done
-export PYTHONPATH="/tmp/site:$root${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$site:$root${PYTHONPATH:+:$PYTHONPATH}"
 # the staged folder keeps its own name inside the tar (stage.sh STAGE_DIR): search below it
-TANDEM_MODEL=${TANDEM_MODEL:-$(find /root/stage -path '*/models/*.gguf' | head -1)}
+TANDEM_MODEL=${TANDEM_MODEL:-$(find "$staged" -path '*/models/*.gguf' | head -1)}
 export TANDEM_MODEL TANDEM_CACHE_DIR=${TANDEM_CACHE_DIR:-/root/tandem-cache}
 export PYTHONUNBUFFERED=1
-vocab=$(find /root/stage -type d -name vocab | head -1)
+vocab=$(find "$staged" -type d -name vocab | head -1)
 if [ -n "$vocab" ]; then  # staged tokenizer vocabularies (bench/vocab_files.py)
   mkdir -p "$TANDEM_CACHE_DIR/vocab"
   for f in "$vocab"/*.gguf; do  # kept from an earlier call while the box stays warm

@@ -178,12 +178,16 @@ def twin_rows(doc: dict[str, Any], group: dict[str, Any], tokenizer: str | None)
     from tandem.bench.calibrate import group_served
     from tandem.bench.spec import parse_worker
     from tandem.bench.workload import PromptBook, Workload
+    from tandem.twin.device import TwinDevice
     from tandem.twin.oracle import run_placement, served_devices
     from tandem.twin.replay import replay
 
     served = group_served(group, "all")
     if not served:
         return []
+    # The twin's devices take the embedded model's vocabulary; a shaped model's prompts
+    # (Qwen's 151,936 ids) would be refused. Ids only decide prefix-cache hits here.
+    TwinDevice.vocab_size = max(TwinDevice.vocab_size, 1 << 31)
     wl = Workload.from_json(group["workload"])
     book = PromptBook(_encoder(doc, tokenizer), wl)
     active = {w["id"]: parse_worker(w["spec"], set()).max_active or group["max_active"]
