@@ -16,6 +16,8 @@ base=${LCP_DIR:-/root} site=${SITE:-/tmp/site}  # overridable for a dry run else
 src=$base/lcp-src build=$base/lcp-build wheels=$base/lcp-wheel
 log=$OUT/build.log phases=$OUT/build-phases.txt
 t0=$(date +%s)
+# CMake finds nvcc on PATH (or CUDACXX); the toolkit's usual place, where PATH lacks it.
+command -v nvcc > /dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 phase() { echo "$1 $(( $(date +%s) - t0 )) s" | tee -a "$phases"; }
 
 { nvcc --version | tail -2; cmake --version | head -1; ninja --version
