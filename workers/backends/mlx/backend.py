@@ -90,7 +90,8 @@ class MlxBackend:
 
     @classmethod
     def from_config(cls, cfg: WorkerConfig, model: Path) -> MlxBackend:
-        return cls(model, n_ctx=cfg.n_ctx, device=cfg.device)
+        cache = cfg.engine.cache_tokens or 0  # the prefix cache's own KV (workers/memory.py)
+        return cls(model, n_ctx=cfg.n_ctx, device=cfg.device, cache_tokens=cache)
 
     def __init__(
         self,
@@ -98,6 +99,7 @@ class MlxBackend:
         n_ctx: int = 8192,
         device: str = "auto",
         loaded: tuple[Any, TokenizerSpec, dict[str, Any]] | None = None,
+        cache_tokens: int = 0,
     ) -> None:
         """Load ``model_path`` (GGUF file or mlx-lm folder), or use ``loaded``
         (an already built ``(model, spec, config)``, e.g. ``make_tiny_model()``)."""
@@ -128,6 +130,7 @@ class MlxBackend:
         self._pending: _Pending | None = None
         self._slots: list[_Slot] = []
         self._held_tokens = 0  # KV tokens in live cache handles
+        self.cache_tokens = cache_tokens  # room for them beyond the n_ctx of active requests
         self.prompt_tokens_fed = 0  # prefix-cache hits skip theirs
         self.decode_passes = 0  # batched forward passes (speculative ones included)
         self.speculation_dropped = 0
@@ -218,7 +221,7 @@ class MlxBackend:
         """KVFull before any state changes, so the engine can free cache and retry."""
         ahead = len(self._batch) if self._pending is not None else 0
         in_use = sum(s.n_tokens for s in self._slots) - ahead + self._held_tokens
-        if in_use + len(decode) + sum(n for _, n in prefill) > self.n_ctx:
+        if in_use + len(decode) + sum(n for _, n in prefill) > self.n_ctx + self.cache_tokens:
             raise KVFull()
 
     def _decode(self, rows: list[_Slot]) -> mx.array:
