@@ -19,8 +19,9 @@
 # read from the code), ENG_POLICIES to replace them; RUNSP runs (3), the bench's CV
 # rule adds 2 where a case spreads. A group's workers serve all its runs
 # (--reuse-workers), a fresh router per run. Pinned: the CPU worker's 10 threads on
-# cores 0-9, the llama.cpp GPU worker's host thread on 10, MLX's on 11, the router on
-# 12, the load generator on 13-15. A CPU worker runs the CUDA build with no GPU device
+# cores 0-9, MLX's host thread on 10-11 (as in every earlier H200 round: a box's first
+# MLX process compiles its kernels there, ~180 s pinned so), the llama.cpp GPU worker's
+# on 12, the router on 13, the load generator on 14-15. A CPU worker runs the CUDA build with no GPU device
 # (workers/backends/llama_params.py). CPU_ENGINE / LGPU_ENGINE / MGPU_ENGINE replace
 # a worker's spec and PINNING the router/load-generator pinning (a dry run on a
 # small machine). After the bench, study.py's summary goes to stages.txt: per group
@@ -68,9 +69,9 @@ engines() {  # engines engines:MODEL:WORKERS:GPU_MAX:BURSTS[:CAP_S]
   for w in ${names//+/ }; do
     case "$w" in
       cpu) spec+=(--worker "$(with_model "${CPU_ENGINE:-llama.cpp:threads=$ENG_THREADS:id=cpu:cpus=0-9:max_active=4}")") ;;
-      lgpu) spec+=(--worker "$(with_model "${LGPU_ENGINE:-llama.cpp:device=gpu:threads=1:id=lgpu:cpus=10}")")
+      lgpu) spec+=(--worker "$(with_model "${LGPU_ENGINE:-llama.cpp:device=gpu:threads=1:id=lgpu:cpus=12}")")
             pol+=(--policy forced:lgpu) ;;
-      mgpu) spec+=(--worker "$(with_model "${MGPU_ENGINE:-mlx:device=gpu:id=mgpu:cpus=11}")")
+      mgpu) spec+=(--worker "$(with_model "${MGPU_ENGINE:-mlx:device=gpu:id=mgpu:cpus=10-11}")")
             pol+=(--policy forced:mgpu) ;;
       *) echo "engines: unknown worker $w (cpu, lgpu, mgpu)" >&2; return ;;
     esac
@@ -79,7 +80,7 @@ engines() {  # engines engines:MODEL:WORKERS:GPU_MAX:BURSTS[:CAP_S]
   if [ -n "${ENG_POLICIES:-}" ]; then read -r -a pol <<< "$ENG_POLICIES"; fi
   for n in ${bursts//,/ }; do req+=(--requests "$n"); done
   name="eng-$model-${names//+/-}-a${sweep//,/-}-n${bursts//,/-}"
-  local pinning=${PINNING-"--router-cpus 12 --cpus 13-15"}
+  local pinning=${PINNING-"--router-cpus 13 --cpus 14-15"}
   # shellcheck disable=SC2086  # $pinning is a list of flags
   stage "$name" "${cap:-${ENG_CAP:-560}}" $PY -m tandem bench --preset seed "${req[@]}" "${spec[@]}" \
     --sweep-max-active "$sweep" $pinning --reuse-workers \
