@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +45,7 @@ class Delta:
     logprobs: list[p.TokenLogprob] | None = None  # aligned with token_ids, when asked for
 
 
-SAMPLING_FIELDS = frozenset(p.SamplingParams.__struct_fields__)
+SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(p.SamplingParams))
 
 
 def make_submit(
