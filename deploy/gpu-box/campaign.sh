@@ -180,6 +180,12 @@ for s in "$@"; do
     *) echo "unknown stage $s" >&2 ;;
   esac
 done
+# MLX's compiled kernels (run.sh names the folder): back here for the next session's
+# stage (keep them in .cuda-wheel/ beside the wheel); left out if over $OUT's 16 MiB.
+if [ -n "$(ls -A "${MLX_PTX_CACHE_DIR:-/nonexistent}" 2>/dev/null)" ]; then
+  tar czf "$OUT/mlx-ptx.tgz" -C "$MLX_PTX_CACHE_DIR" .
+  [ "$(stat -c %s "$OUT/mlx-ptx.tgz")" -le 16000000 ] || rm -f "$OUT/mlx-ptx.tgz"
+fi
 # $OUT's names may hold letters, digits, '.', '_' and '-' only (a stage name has ':' ...)
 tag=$(IFS=-; echo "$*" | tr -c 'A-Za-z0-9._\n-' '_' | cut -c1-120)
 tar czf "$OUT/h200-${TAG:-$tag}.tgz" -C "$OUT" h200 && rm -rf "$out"

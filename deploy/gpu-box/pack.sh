@@ -17,7 +17,7 @@ rm -rf .ship && mkdir -p .ship/parts .ship/trace
 order=()
 last=llama-cpu
 [ -d "$stage/llama-cuda" ] && last=""  # no CPU build needed beside a kept CUDA one
-for d in wheels models vocab llama-cuda $last; do
+for d in wheels models vocab mlx-ptx llama-cuda $last; do
   if [ -d "$stage/$d" ]; then order+=("$(basename "$stage")/$d"); fi
 done
 tar cf .ship/all.tar -C "$(dirname "$stage")" "${order[@]}"

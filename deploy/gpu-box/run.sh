@@ -49,6 +49,15 @@ export PYTHONPATH="$site:$root${PYTHONPATH:+:$PYTHONPATH}"
 TANDEM_MODEL=${TANDEM_MODEL:-$(find "$staged" -path '*/models/*.gguf' | head -1)}
 export TANDEM_MODEL TANDEM_CACHE_DIR=${TANDEM_CACHE_DIR:-/root/tandem-cache}
 export PYTHONUNBUFFERED=1
+# MLX compiles its CUDA kernels (NVRTC) in a box's first MLX process, ~180 s: they are
+# cached in a named folder that campaign.sh sends back (mlx-ptx.tgz) and stage.sh ships
+# again (mlx-ptx/), so a later session's first MLX worker starts warm.
+export MLX_PTX_CACHE_DIR=${MLX_PTX_CACHE_DIR:-$TANDEM_CACHE_DIR/mlx-ptx}
+ptx=$(find "$staged" -type d -name mlx-ptx | head -1)
+if [ ! -d "$MLX_PTX_CACHE_DIR" ]; then
+  mkdir -p "$MLX_PTX_CACHE_DIR"
+  if [ -n "$ptx" ]; then cp -r "$ptx"/. "$MLX_PTX_CACHE_DIR"/; fi
+fi
 vocab=$(find "$staged" -type d -name vocab | head -1)
 if [ -n "$vocab" ]; then  # staged tokenizer vocabularies (bench/vocab_files.py)
   mkdir -p "$TANDEM_CACHE_DIR/vocab"

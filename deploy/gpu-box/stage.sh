@@ -32,6 +32,10 @@ if [ -n "$kept" ]; then mkdir -p "$stage/llama-cuda" && cp "$kept" "$stage/llama
 whl=$(find "${PIP_CACHE_DIR:-$HOME/.cache/pip}" -name 'llama_cpp_python-0.3.36-*.whl' | head -1)
 [ -n "$whl" ] || { echo "no llama-cpp-python wheel in the pip cache: run deploy/setup.sh first" >&2; exit 1; }
 cp "$whl" "$stage/llama-cpu/"
+# MLX's compiled CUDA kernels sent back by an earlier campaign (run.sh puts them in place).
+if [ -f "$root/.cuda-wheel/mlx-ptx.tgz" ]; then
+  mkdir -p "$stage/mlx-ptx" && tar xzf "$root/.cuda-wheel/mlx-ptx.tgz" -C "$stage/mlx-ptx"
+fi
 model=$("$py" -c 'from tandem.common.model_files import default_model_path; print(default_model_path())')
 cp "$model" "$stage/models/"
 # Qwen2's tokenizer for the shaped Qwen2.5 models (the box cannot fetch it).
