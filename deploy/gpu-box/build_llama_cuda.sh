@@ -47,7 +47,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL=${JOBS:-16} CMAKE_GENERATOR=Ninja
 # A toolkit without cuBLAS (only nvcc): take the one PyTorch's pip packages bring.
 tk=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
 if [ ! -e "$tk/include/cublas_v2.h" ] && [ ! -e "$tk/targets/x86_64-linux/include/cublas_v2.h" ]; then
-  h=$(find / -xdev -name cublas_v2.h -path '*nvidia*' 2>/dev/null | head -1)
+  h=$(find /usr /opt -name cublas_v2.h 2>/dev/null | head -1)
   if [ -n "$h" ]; then
     lib=$(dirname "$(dirname "$h")")/lib
     CPATH="$(dirname "$h")${CPATH:+:$CPATH}" LIBRARY_PATH="$lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
@@ -85,7 +85,7 @@ print("gpu offload", bool(lib.llama_supports_gpu_offload()))
 print(lib.llama_print_system_info().decode())' "$site"
 }
 if ! check > /dev/null 2>&1; then
-  so=$(find / -xdev -name 'libcublas.so.13*' 2>/dev/null | head -1)
+  so=$(find /usr /opt -name 'libcublas.so.13*' 2>/dev/null | head -1)
   [ -n "$so" ] && dirname "$so" > "$site"/.llama-cuda-ld
 fi
 if [ -f "$site"/.llama-cuda-ld ]; then
