@@ -126,6 +126,45 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Cached fraction against the cache's size, value and LRU, one panel per trace
+    length; the per-worker bound and the memory-sized default drawn across."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    limits = sorted({r["requests"] for r in rows})
+    fig, axes = plt.subplots(1, len(limits), figsize=(4.2 * len(limits), 3.2), squeeze=False)
+    for ax, n in zip(axes[0], limits, strict=True):
+        mine = [r for r in rows if r["requests"] == n]
+        for policy, style in (("value", "o-"), ("lru", "s--")):
+            ours = [r for r in mine if r["config"].startswith(policy + "-") and _size(r["config"])]
+            pts = sorted((_size(r["config"]), r["cached_frac"]) for r in ours)
+            ax.plot([x for x, _ in pts], [100 * y for _, y in pts], style, label=policy)
+        named = {r["config"]: r for r in mine}
+        if "default" in named:
+            ax.axhline(100 * named["default"]["per_worker_bound"], color="grey", ls=":",
+                       label="per-worker bound")  # fmt: skip
+            ax.axhline(100 * named["default"]["cached_frac"], color="green", lw=0.8,
+                       label="default (memory-sized)")  # fmt: skip
+        if "today" in named:
+            ax.axhline(100 * named["today"]["cached_frac"], color="red", lw=0.8,
+                       label="before (4,096 tokens, 16 entries)")  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("prefix cache per worker (tokens)")
+        ax.set_ylabel("prompt tokens from the cache (%)")
+        ax.set_title(f"first {n} requests" if n < 3993 else f"all {n} requests", fontsize=9)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _size(config: str) -> int:
+    tail = config.rsplit("-", 1)[-1]
+    return int(tail[:-1]) * 1024 if tail.endswith("k") and tail[:-1].isdigit() else 0
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, action="append", help="first N requests (0: all)")
@@ -133,7 +172,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--policy", default="lookahead")
     ap.add_argument("--trace", default=TRACE)
     ap.add_argument("--out", type=Path, default=Path("/tmp/cache-study"))
+    ap.add_argument("--plot", type=Path, nargs="+", help="only plot these rows.json files")
     args = ap.parse_args(argv)
+    if args.plot:
+        rows = [r for f in args.plot for r in json.loads(f.read_text())]
+        args.out.mkdir(parents=True, exist_ok=True)
+        plot(rows, args.out / "cache-vs-size.png")
+        print(table(rows))
+        return
     from tandem.common.model_files import default_model_path
     from tandem.common.tokenizer import TextTokenizer, tokenizer_spec_from_gguf
 
