@@ -28,6 +28,10 @@
 # each policy's makespan and TTFT, and every worker's advertised / served rates.
 
 ENG_THREADS=${ENG_THREADS:-10}
+# Both GPU engines share one GPU, and each would size its prefix cache from the GPU's
+# free memory (workers/memory.py: 0.8 of it; llama.cpp allocates its KV at start): a
+# fixed device tier instead, room for 25 of the seed preset's 644-token requests.
+GPU_CACHE=${GPU_CACHE:-16384}
 
 default_policy() {
   $PY -c 'from tandem.broker.policies import DEFAULT_POLICY as d; print(d)' 2>/dev/null \
@@ -69,9 +73,9 @@ engines() {  # engines engines:MODEL:WORKERS:GPU_MAX:BURSTS[:CAP_S]
   for w in ${names//+/ }; do
     case "$w" in
       cpu) spec+=(--worker "$(with_model "${CPU_ENGINE:-llama.cpp:threads=$ENG_THREADS:id=cpu:cpus=0-9:max_active=4}")") ;;
-      lgpu) spec+=(--worker "$(with_model "${LGPU_ENGINE:-llama.cpp:device=gpu:threads=1:id=lgpu:cpus=12}")")
+      lgpu) spec+=(--worker "$(with_model "${LGPU_ENGINE:-llama.cpp:device=gpu:threads=1:id=lgpu:cpus=12:cache_tokens=$GPU_CACHE}")")
             pol+=(--policy forced:lgpu) ;;
-      mgpu) spec+=(--worker "$(with_model "${MGPU_ENGINE:-mlx:device=gpu:id=mgpu:cpus=10-11}")")
+      mgpu) spec+=(--worker "$(with_model "${MGPU_ENGINE:-mlx:device=gpu:id=mgpu:cpus=10-11:cache_tokens=$GPU_CACHE}")")
             pol+=(--policy forced:mgpu) ;;
       *) echo "engines: unknown worker $w (cpu, lgpu, mgpu)" >&2; return ;;
     esac
