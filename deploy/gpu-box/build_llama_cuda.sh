@@ -71,6 +71,10 @@ whl=$(ls "$wheels"/llama_cpp_python-*.whl 2>/dev/null | head -1)
 if [ "$rc" -ne 0 ] || [ -z "$whl" ]; then
   tail -30 "$log" | cut -c1-240; echo "build incomplete (rc $rc): run this script again to resume"; exit 1
 fi
+# The wheel holds every library twice: in llama_cpp/lib (what llama_cpp loads, RPATH
+# $ORIGIN) and in lib/ + include/ (ggml's own CMake install rules): the copies go, so
+# that the wheel comes back in fewer parts (<= 8 files, 64 MiB under $OUT).
+python3 "$root/deploy/gpu-box/slim_wheel.py" "$whl" | tee -a "$phases"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target "$site" "$whl" && touch "$site"/.llama-cuda
 # libggml-cuda needs libcudart/libcublas 13: where the loader does not find them, the
