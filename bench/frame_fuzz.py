@@ -76,7 +76,7 @@ def _raw(rng: random.Random) -> bytes:
 
 def _message(rng: random.Random, in_batch: bool = False) -> bytes:
     tag = rng.choice(sorted(p.MESSAGE_TYPES))
-    names = [f for f in p.MESSAGE_TYPES[tag].__dataclass_fields__ if f != "TYPE"]
+    names = [f for f in p.MESSAGE_TYPES[tag].__struct_fields__ if f != "v"]
     body: dict[object, object] = {} if in_batch else {"v": rng.choice([V, V, V, 4, "5"])}
     body["type"] = tag
     hole = None

@@ -14,7 +14,6 @@ Each runs in its own process until its ``stop`` event is set.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -40,7 +39,7 @@ _HASHES: dict[int, str] = {}  # id(spec) -> its hash: hashing 1.5 MB is not free
 def ready(worker_id: str, spec: dict[str, Any], with_spec: bool = True) -> p.Ready:
     """A Ready for a null worker; ``with_spec`` False sends only the spec's hash
     (when this protocol version has one) and waits to be asked for the spec."""
-    fields = {f.name for f in dataclasses.fields(p.Ready)}
+    fields = set(p.Ready.__struct_fields__)
     extra: dict[str, Any] = {}
     if "tokenizer_hash" in fields:
         if id(spec) not in _HASHES:

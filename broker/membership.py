@@ -8,7 +8,6 @@ in reply is appended to ``out`` (broker/outgoing.py).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 from tandem.broker.identity import foreign_frame, takeover_problem
@@ -124,7 +123,7 @@ class Membership(CoreState):
         if self.model is None:
             self.model, self.weights = ready.model, ready.weights
         # One tokenizer spec per router, not one per worker (1.5 MB each for SmolLM2).
-        ready = dataclasses.replace(ready, tokenizer={})
+        ready = p.replace(ready, tokenizer={})
         old = self.workers.get(ready.worker_id)
         if old is not None and old.identity == identity and old.info == ready:
             self.out.to_worker(identity, self._welcome())

@@ -9,12 +9,13 @@ therefore do not all see the same stale state.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from tandem.broker.loads import Loads
 from tandem.broker.policies import Load, WorkerView
@@ -266,7 +267,7 @@ class WorkerState:
             "priced_decode_tok_s": [round(x, 2) for x in rates.decode_tok_s],
             "profile_repaired": list(rates.repaired),
             "last_seen_s": round(now - self.last_seen, 3),
-            "requests": [dataclasses.asdict(r) for r in hb.active + hb.queued] if hb else [],
+            "requests": [msgspec.structs.asdict(r) for r in hb.active + hb.queued] if hb else [],
         }
 
 

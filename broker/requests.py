@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -88,7 +87,7 @@ class ClientRequest:
             return self.submit.sampling
         s = self.submit.sampling
         seed = None if s.seed is None else (s.seed + done) % SEED_SPACE
-        return dataclasses.replace(s, max_tokens=s.max_tokens - done, seed=seed)
+        return p.replace(s, max_tokens=s.max_tokens - done, seed=seed)
 
     def on_tokens(self, token_ids: list[int], text: str, now: float) -> None:
         """A delta relayed from its worker (``token_ids`` may be empty: held text)."""

@@ -38,6 +38,10 @@ def check_submit(sub: p.Submit) -> None:
         _text("worker", sub.worker)
     _flag("stream", sub.stream)
     _sampling(sub.sampling)
+    refused = p.check(sub)  # the router's own decoding of it: types, bounds and rules
+    if refused is not None:
+        field = refused.field.removeprefix("sampling.") if refused.field else None
+        raise BadRequest(refused.message, field=field)
 
 
 def _sampling(s: p.SamplingParams) -> None:

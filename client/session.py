@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +44,7 @@ class Delta:
     logprobs: list[p.TokenLogprob] | None = None  # aligned with token_ids, when asked for
 
 
-SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(p.SamplingParams))
+SAMPLING_FIELDS = frozenset(p.SamplingParams.__struct_fields__)
 
 
 def make_submit(

@@ -36,7 +36,8 @@ class Problem:
 
     code: ErrorCode
     message: str
+    field: str | None = None  # the path of the field at fault ("sampling.max_tokens")
 
     @classmethod
-    def bad_request(cls, message: str) -> Problem:
-        return cls(ErrorCode.BAD_REQUEST, message)
+    def bad_request(cls, message: str, field: str | None = None) -> Problem:
+        return cls(ErrorCode.BAD_REQUEST, message, field)

@@ -17,22 +17,33 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, NoReturn
+from typing import Annotated, Any, ClassVar
 
-import msgpack
+import msgspec
+from msgspec import Meta
 
-from tandem.common.codec import FieldError, Wire, codec_for, str_keys
+from tandem.common import validation as bounds
+from tandem.common.codec import DECODE_ERRORS, Wire
 from tandem.common.errors import ErrorCode, Problem
 from tandem.common.framescan import MAX_FRAME_DEPTH, scan
-from tandem.common.validation import message_problem
+from tandem.common.validation import (
+    Count,
+    Id,
+    Label,
+    Rate,
+    Text,
+    TokenId,
+    Tokens,
+    message_problem,
+)
 
-PROTOCOL_VERSION = 6  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds;
+PROTOCOL_VERSION = 7  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds;
 # 4: step_tokens (a worker that batches its deltas must not meet a router that cannot read them);
-# 5: batch (the router sends a peer what one turn owes it in one frame); 6: ready.provisional
+# 5: batch (the router sends a peer what one turn owes it in one frame); 6: ready.provisional;
+# 7: msgspec Structs (fields at their default left out, ``type`` first, ids without control
+# characters)
 
 
 class FinishReason(StrEnum):
@@ -53,7 +64,7 @@ WORKER_LOST, WORKER_ERROR = ErrorCode.WORKER_LOST, ErrorCode.WORKER_ERROR
 INTERNAL, OVERLOADED = ErrorCode.INTERNAL, ErrorCode.OVERLOADED
 ROUTER_LOST = ErrorCode.ROUTER_LOST
 
-MAX_STOP_STRINGS = 16
+MAX_STOP_STRINGS = bounds.MAX_STOP_STRINGS
 
 
 class Refusal(StrEnum):
@@ -81,36 +92,55 @@ class ProtocolError(ValueError):
         message: str,
         request_id: str | None = None,
         reason: Refusal | None = None,
+        field: str | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.request_id = request_id
         self.reason = reason or _REASON_OF_CODE.get(code, Refusal.BAD_FIELD)
+        self.field = field  # the refused field's path ("sampling.top_p"), when one is
 
 
-@dataclass
-class Message:
-    """Base class: subclasses set TYPE and declare their fields with types."""
+class Message(
+    msgspec.Struct, tag_field="type", forbid_unknown_fields=True, omit_defaults=True, kw_only=True
+):
+    """Base class: a subclass declares its fields with their types and bounds and its
+    tag (``class Cancel(Message, tag="cancel")``; ``TYPE`` is set from it). Fields at
+    their default are not sent (``omit_defaults``). ``v`` is the frame's protocol
+    version, read and checked by ``decode``; a message in memory has None there."""
 
     TYPE: ClassVar[str] = ""
+    v: int | None = None
+
+
+class Struct(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A value nested in messages (``SamplingParams``, ``RequestRow``): checked
+    field by field exactly like a message, unknown fields refused."""
 
 
 # ---------------------------------------------------------------- domain types
-@dataclass(frozen=True)
-class SamplingParams:
+StopString = Annotated[str, Meta(min_length=1, max_length=bounds.MAX_TEXT_CHARS)]
+
+
+class SamplingParams(Struct):
     """How one request generates: carried by Submit, Assign and the worker's Request.
 
     ``max_tokens`` is the decode budget; ``prefill_only`` computes the prompt into
     the worker's prefix cache and produces nothing (used to seed caches).
+
+    A field's range is part of its type, checked as a frame is decoded (the
+    router's door for a Submit); ``problem`` holds the rules across fields. To
+    add a parameter: a field here with its bounds, a rule in ``problem`` if it
+    depends on another, a row in docs/PROTOCOL.md.
     """
 
-    max_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
+    max_tokens: Annotated[int, Meta(ge=0, le=bounds.MAX_N_CTX)] = 128
+    temperature: Annotated[float, Meta(ge=0, le=bounds.MAX_FLOAT)] = 0.0
+    top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
+    top_k: Annotated[int, Meta(ge=0, le=bounds.MAX_TOKEN_ID)] = 0
+    seed: Annotated[int, Meta(ge=0)] | None = None  # < 2**64: all msgpack carries
+    stop: Annotated[list[StopString], Meta(max_length=MAX_STOP_STRINGS)] = []
     ignore_eos: bool = False
     prefill_only: bool = False
 
@@ -120,130 +150,102 @@ class SamplingParams:
         return 0 if self.prefill_only else self.max_tokens
 
     def problem(self, max_tokens_limit: int | None = None) -> Problem | None:
-        """What makes these parameters unusable, or None."""
+        """What breaks a rule across fields (or a worker's ``max_tokens_limit``), or
+        None. The ranges of single fields are their types' (checked on decoding)."""
         if not self.prefill_only and self.max_tokens < 1:
-            return Problem.bad_request("max_tokens must be >= 1")
+            return Problem.bad_request("max_tokens must be >= 1", "sampling.max_tokens")
         if max_tokens_limit is not None and self.max_tokens > max_tokens_limit:
-            return Problem.bad_request(f"max_tokens must be <= {max_tokens_limit}")
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            return Problem.bad_request("temperature must be a finite number >= 0")
-        if not math.isfinite(self.top_p) or not 0 < self.top_p <= 1:
-            return Problem.bad_request("top_p must be in (0, 1]")
-        if self.top_k < 0:
-            return Problem.bad_request("top_k must be >= 0")
-        if self.seed is not None and not 0 <= self.seed < 2**64:
-            return Problem.bad_request("seed must be in [0, 2**64)")
-        if len(self.stop) > MAX_STOP_STRINGS:
-            return Problem.bad_request(f"at most {MAX_STOP_STRINGS} stop strings")
-        if any(not s for s in self.stop):
-            return Problem.bad_request("stop strings must be non-empty")
+            words = f"max_tokens must be <= {max_tokens_limit}"
+            return Problem.bad_request(words, "sampling.max_tokens")
         return None
 
 
-@dataclass(frozen=True)
-class RequestRow:
+class RequestRow(Struct):
     """One request as a worker's heartbeat lists it (active or queued)."""
 
-    id: str
-    prompt: int  # prompt tokens
-    cached: int  # of which reused from the prefix cache
-    prefill_remaining: int
-    decode_remaining: int
+    id: Id
+    prompt: Count  # prompt tokens
+    cached: Count  # of which reused from the prefix cache
+    prefill_remaining: Count
+    decode_remaining: Count
 
 
 # ---------------------------------------------------------------- handshake
-@dataclass
-class Hello(Message):
+class Hello(Message, tag="hello"):
     """Client -> router on connect; the router answers Welcome or Error."""
 
-    TYPE: ClassVar[str] = "hello"
     name: str = ""
 
 
-@dataclass
-class Welcome(Message):
+class Welcome(Message, tag="welcome"):
     """Router -> client (answering Hello) or -> worker (acknowledging Ready)."""
 
-    TYPE: ClassVar[str] = "welcome"
     router: str = "tandem"
     policy: str = ""
     epoch: str = ""  # random per router start (broker/identity.py)
 
 
 # ---------------------------------------------------------------- client -> router
-@dataclass
-class Submit(Message):
+class Submit(Message, tag="submit"):
     """A generation request. Exactly one of prompt / tokens / messages is set.
 
     ``worker`` pins the request to a worker selector (id or device label).
     """
 
-    TYPE: ClassVar[str] = "submit"
-    request_id: str
+    request_id: Id
     prompt: str | None = None
-    tokens: list[int] | None = None
-    messages: list[dict[str, Any]] | None = None
-    sampling: SamplingParams = field(default_factory=SamplingParams)
+    tokens: list[TokenId] | None = None
+    messages: list[dict[str, Any]] | None = None  # free-form: validation.tree_problem
+    sampling: SamplingParams = SamplingParams()
     stream: bool = True
-    worker: str | None = None
+    worker: Id | None = None
 
 
-@dataclass
-class Cancel(Message):
+class Cancel(Message, tag="cancel"):
     """Client -> router, router -> worker. Idempotent: unknown ids are ignored."""
 
-    TYPE: ClassVar[str] = "cancel"
-    request_id: str
+    request_id: Id
 
 
-@dataclass
-class StatusQuery(Message):
-    TYPE: ClassVar[str] = "status"
+class StatusQuery(Message, tag="status"):
+    """Client -> router: answered with StatusReply."""
 
 
-@dataclass
-class StatusReply(Message):
+class StatusReply(Message, tag="status_reply"):
     """Router -> client: the registry as the router sees it (one dict per worker)."""
 
-    TYPE: ClassVar[str] = "status_reply"
     policy: str
     workers: list[dict[str, Any]]
     requests_in_flight: int = 0
     requests_pending: int = 0  # waiting for a worker (none yet, or theirs was lost)
-    activity: dict[str, Any] = field(default_factory=dict)  # totals, recent decisions
+    activity: dict[str, Any] = {}  # totals, recent decisions
 
 
 # ---------------------------------------------------------------- router -> client
-@dataclass
-class Accepted(Message):
-    TYPE: ClassVar[str] = "accepted"
-    request_id: str
-    worker_id: str
-    prompt_tokens: int
-    cached_tokens: int = 0
+class Accepted(Message, tag="accepted"):
+    request_id: Id
+    worker_id: Id
+    prompt_tokens: Count
+    cached_tokens: Count = 0
 
 
-@dataclass
-class TokenDelta(Message):
+class TokenDelta(Message, tag="tokens"):
     """Worker -> router -> client: newly generated token ids and their text."""
 
-    TYPE: ClassVar[str] = "tokens"
-    request_id: str
-    token_ids: list[int]
-    text: str
+    request_id: Id
+    token_ids: Tokens
+    text: Text
 
 
-@dataclass
-class StepTokens(Message):
+class StepTokens(Message, tag="step_tokens"):
     """Worker -> router: the token deltas of several requests in one frame, as a
     worker's I/O thread found them waiting together (one engine step's, usually):
     entry i is ``TokenDelta(request_ids[i], token_ids[i], texts[i])``. The router
     relays each to its client as that TokenDelta; clients never see this frame."""
 
-    TYPE: ClassVar[str] = "step_tokens"
-    request_ids: list[str]
-    token_ids: list[list[int]]
-    texts: list[str]
+    request_ids: Annotated[list[Id], Meta(max_length=bounds.MAX_DELTAS_PER_FRAME)]
+    token_ids: list[Tokens]
+    texts: list[Text]
 
     def deltas(self) -> list[TokenDelta]:
         return [
@@ -252,49 +254,45 @@ class StepTokens(Message):
         ]
 
 
-@dataclass
-class Done(Message):
+class Done(Message, tag="done"):
     """End of a request's stream. ``stats`` keys: see docs/PROTOCOL.md."""
 
-    TYPE: ClassVar[str] = "done"
-    request_id: str
+    request_id: Id
     finish_reason: FinishReason
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: Annotated[dict[str, Any], Meta(max_length=bounds.MAX_STATS_KEYS)] = {}
 
 
-@dataclass
-class Error(Message):
-    TYPE: ClassVar[str] = "error"
+class Error(Message, tag="error"):
     code: ErrorCode
-    message: str
+    message: Text
     request_id: str | None = None
-    retry_after_s: float | None = None  # with OVERLOADED: when trying again may succeed
+    # With OVERLOADED: when trying again may succeed.
+    retry_after_s: Annotated[float, Meta(ge=0, le=3600)] | None = None
 
 
 # ---------------------------------------------------------------- worker <-> router
-@dataclass
-class Ready(Message):
+class Ready(Message, tag="ready"):
     """Worker -> router on connect (and again when asked to re-register)."""
 
-    TYPE: ClassVar[str] = "ready"
-    worker_id: str
-    backend: str
-    device: str
-    model: str
-    max_active: int
-    n_ctx: int
-    block_size: int
-    prefill_tok_s: float
-    decode_tok_s: list[float]  # aggregate decode tok/s at batch size 1, 2, ... max_active
-    heartbeat_s: float
+    worker_id: Id
+    backend: Id
+    device: Id
+    model: Id
+    max_active: Annotated[int, Meta(ge=1, le=bounds.MAX_ACTIVE)]
+    n_ctx: Annotated[int, Meta(ge=1, le=bounds.MAX_N_CTX)]
+    block_size: Annotated[int, Meta(ge=1, le=4096)]
+    prefill_tok_s: Rate
+    # Aggregate decode tok/s at batch size 1, 2, ... max_active.
+    decode_tok_s: Annotated[list[Rate], Meta(min_length=1, max_length=bounds.MAX_ACTIVE)]
+    heartbeat_s: Annotated[float, Meta(ge=bounds.HEARTBEAT_S[0], le=bounds.HEARTBEAT_S[1])]
     # common.tokenizer.TokenizerSpec.to_wire(), or {} when only the hash is sent: a
     # router that already has that tokenizer needs no 1.5 MB spec per worker.
     tokenizer: dict[str, Any]
-    max_tokens_limit: int = 4096
-    instance: str = ""  # random per process start: tells a restart from a repeated Ready
+    max_tokens_limit: Annotated[int, Meta(ge=1, le=bounds.MAX_N_CTX)] = 4096
+    instance: Label = ""  # random per process start: tells a restart from a repeated Ready
     tokenizer_hash: str = ""  # tokenizer_hash(spec); "" = not given (the spec must be)
     step_tokens: int = 256  # the engine's per-step token budget (finish-time prediction)
-    weights: str = ""  # digest of the weights (common.gguf_file.weights_digest); "" unknown
+    weights: Label = ""  # digest of the weights (common.gguf_file.weights_digest); "" unknown
     # Rates not yet borne out by steps served here (a stored profile, a quick start-up
     # measurement): the router trusts them less until its live step model has enough.
     provisional: bool = False
@@ -306,8 +304,7 @@ def tokenizer_hash(spec: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-@dataclass
-class Heartbeat(Message):
+class Heartbeat(Message, tag="heartbeat"):
     """Worker -> router, on a period and at once when its queue or cache changes.
 
     ``active`` / ``queued``: one RequestRow per request.
@@ -317,49 +314,40 @@ class Heartbeat(Message):
     a resync; None otherwise, and the router keeps the last one it got.
     """
 
-    TYPE: ClassVar[str] = "heartbeat"
-    worker_id: str
-    seq: int
+    worker_id: Id
+    seq: Annotated[int, Meta(ge=0, le=1 << 62)]
     active: list[RequestRow]
     queued: list[RequestRow]
-    kv_used_tokens: int
-    kv_capacity_tokens: int
+    kv_used_tokens: Count
+    kv_capacity_tokens: Count
     cache: dict[str, Any]
     steps: dict[str, Any] | None = None
 
 
-@dataclass
-class Assign(Message):
+class Assign(Message, tag="assign"):
     """Router -> worker: a whole request, already tokenized."""
 
-    TYPE: ClassVar[str] = "assign"
-    request_id: str
-    tokens: list[int]
+    request_id: Id
+    tokens: list[TokenId]
     sampling: SamplingParams
-    resume: int = 0  # a migrated stream: the last ``resume`` tokens were already output
+    resume: Count = 0  # a migrated stream: the last ``resume`` tokens were already output
 
 
-@dataclass
-class Reregister(Message):
+class Reregister(Message, tag="reregister"):
     """Router -> worker: "I do not know you" (e.g. the router restarted): send Ready.
 
     ``tokenizer``: the router lacks the tokenizer a hash-only Ready named: send the
     Ready again with the full spec.
     """
 
-    TYPE: ClassVar[str] = "reregister"
     tokenizer: bool = False
 
 
-@dataclass
-class ResyncCache(Message):
+class ResyncCache(Message, tag="resync_cache"):
     """Router -> worker: a cache delta did not apply; send the full block set next."""
 
-    TYPE: ClassVar[str] = "resync_cache"
 
-
-@dataclass
-class Batch(Message):
+class Batch(Message, tag="batch"):
     """Several messages for one peer in one frame, in order; each entry is a message's
     map without ``v`` (the frame's covers it). The router sends a client or worker
     what one pass of its loop owes it (Accepteds, tokens, Dones; Assigns); a worker's
@@ -369,20 +357,18 @@ class Batch(Message):
     ``entries`` (or ``DealerSocket.recv``) as if every entry had come in its own
     frame; clients never send one."""
 
-    TYPE: ClassVar[str] = "batch"
-    messages: list[dict[str, Any]]
+    # Each entry stays packed until ``entries`` reads it (a bad one is refused alone).
+    messages: Annotated[list[msgspec.Raw], Meta(min_length=1, max_length=bounds.MAX_BATCH)]
 
 
-@dataclass
-class Goodbye(Message):
+class Goodbye(Message, tag="goodbye"):
     """Worker -> router on clean shutdown; its in-flight requests are re-routed or failed."""
 
-    TYPE: ClassVar[str] = "goodbye"
-    worker_id: str
+    worker_id: Id
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    cls.TYPE: cls
+    cls.__struct_config__.tag: cls  # type: ignore[misc]
     for cls in (
         Hello,
         Welcome,
@@ -406,13 +392,15 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
 }
 
 
-# ---------------------------------------------------------------- encoding
-# Each class is compiled once, here at import (common/codec.py says how and why).
-_CODECS = {cls: codec_for(cls) for cls in MESSAGE_TYPES.values()}
+for _tag, _cls in MESSAGE_TYPES.items():
+    _cls.TYPE = _tag
 
-# The fast path (common/codec.py, ``Wire``): msgspec checks and builds every frame in C;
-# the hand-written codecs above only word the error of a frame it refuses.
-_WIRE = Wire(MESSAGE_TYPES, PROTOCOL_VERSION, batch=Batch)
+# A copy of a message (or a nested value) with some fields changed.
+replace = msgspec.structs.replace
+
+# ---------------------------------------------------------------- encoding
+# One decoder for every message (common/codec.py); a frame is decoded once.
+_WIRE = Wire(MESSAGE_TYPES, PROTOCOL_VERSION)
 
 
 def encode(msg: Message) -> bytes:
@@ -443,8 +431,9 @@ def _array_header(n: int) -> bytes:
 
 
 # {"v": V, "type": "batch", "messages": <array>}: the array's header and entries follow.
-_BATCH_HEAD = msgpack.packb({"v": PROTOCOL_VERSION, "type": Batch.TYPE}, use_bin_type=True)
-_BATCH_HEAD = bytes((_BATCH_HEAD[0] + 1,)) + _BATCH_HEAD[1:] + msgpack.packb("messages")
+_BATCH_HEAD = msgspec.msgpack.encode({"v": PROTOCOL_VERSION, "type": Batch.TYPE})
+_BATCH_HEAD = bytes((_BATCH_HEAD[0] + 1,)) + _BATCH_HEAD[1:] + msgspec.msgpack.encode("messages")
+_MAP_HEADS = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
 
 
 def decode(frame: bytes) -> Message:
@@ -452,21 +441,47 @@ def decode(frame: bytes) -> Message:
     nothing else, whatever the bytes (the boundary every received frame crosses).
     A ``batch`` frame comes back as a Batch of packed entries (see ``decode_all``)."""
     try:
-        # Nesting is bounded before any decoder recurses into the frame (a ~1 KB frame
+        # Nesting is bounded before the decoder recurses into the frame (a ~1 KB frame
         # nested 1,000 deep made msgspec raise RecursionError): common/framescan.py.
         deep = scan(frame) if len(frame) > MAX_FRAME_DEPTH else None
         if deep is not None:
             raise _scan_refusal(deep)
         try:
             msg = _WIRE.decode(frame)
-        except FieldError as refused:  # the hand-written codecs say why
-            _refused(refused, _decode_slow, frame)
+        except DECODE_ERRORS as exc:
+            raise _refusal(frame, exc, False) from None
+        if msg.v != PROTOCOL_VERSION:
+            raise ProtocolError(VERSION_MISMATCH, _WIRE.version_words(msg.v), _request_id(msg))
+        msg.v = None  # a message in memory is the same whichever frame brought it
+        if type(msg) is Batch and not all(memoryview(e)[0] in _MAP_HEADS for e in msg.messages):
+            raise ProtocolError(BAD_REQUEST, "batch.messages: expected a list of maps")
         _check(msg)
         return msg
     except ProtocolError:
         raise
     except Exception as exc:  # a peer's bytes must never raise anything else
         raise _unreadable(exc) from None
+
+
+def check(msg: Message) -> ProtocolError | None:
+    """What a receiver's ``decode`` would refuse in ``msg``, built here rather than
+    decoded (a client's Submit before it leaves): the same types, bounds and rules,
+    checked by packing and reading it. None when it would pass."""
+    try:
+        frame = encode(msg)
+    except (OverflowError, UnicodeEncodeError, TypeError, ValueError) as exc:
+        words = f"{msg.TYPE} cannot be sent: {type(exc).__name__}: {exc}"
+        return ProtocolError(BAD_REQUEST, words, _request_id(msg))
+    try:
+        decode(frame)
+    except ProtocolError as exc:
+        return exc
+    return None
+
+
+def _refusal(data: Any, exc: Exception, in_batch: bool) -> ProtocolError:
+    code, words, rid, path = _WIRE.refusal(data, exc, in_batch)
+    return ProtocolError(code, words, rid, field=path)
 
 
 def _scan_refusal(deep: str) -> ProtocolError:
@@ -483,46 +498,16 @@ def _unreadable(exc: BaseException) -> ProtocolError:
     )
 
 
-def _refused(refused: FieldError, explain: Any, frame: Any) -> NoReturn:
-    """Raise the ProtocolError that ``explain(frame)`` (the hand-written path) raises
-    for a frame the fast path refused; if it finds nothing wrong, msgspec's reason."""
-    raise ProtocolError(BAD_REQUEST, str(refused), _request_id(explain(frame)))
-
-
 def _check(msg: Message) -> None:
-    """Values within bounds (common/validation.py); a batch's entries are checked one
-    by one when it is unpacked, so its own check is only on their number."""
+    """The rules across fields and free-form values (common/validation.py)."""
     problem = message_problem(msg)
     if problem is not None:
-        raise ProtocolError(problem.code, problem.message, _request_id(msg))
+        raise ProtocolError(problem.code, problem.message, _request_id(msg), field=problem.field)
 
 
 def _request_id(msg: Message) -> str | None:
     rid = getattr(msg, "request_id", None)
     return rid if type(rid) is str else None
-
-
-def _decode_slow(frame: bytes) -> Message:
-    try:
-        body = msgpack.unpackb(frame, raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise ProtocolError(BAD_FRAME, f"frame is not valid msgpack: {exc}") from None
-    if type(body) is not dict:
-        raise ProtocolError(BAD_FRAME, "frame must be a msgpack map")
-    if not str_keys(body):  # msgpack may also give bytes keys
-        raise ProtocolError(BAD_FRAME, "frame keys must be strings")
-    rid = body.get("request_id")
-    if type(rid) is not str:
-        rid = None
-    version = body.pop("v", None)
-    if version != PROTOCOL_VERSION:
-        raise ProtocolError(
-            VERSION_MISMATCH,
-            f"protocol version {version!r} is not supported (this peer speaks "
-            f"{PROTOCOL_VERSION}); upgrade the older side",
-            rid,
-        )
-    return _build(body, rid)
 
 
 def decode_all(frame: bytes) -> list[Message | ProtocolError]:
@@ -539,12 +524,7 @@ def entries(batch: Batch) -> list[Message | ProtocolError]:
     out: list[Message | ProtocolError] = []
     for raw in batch.messages:  # the batch's frame was scanned whole (decode)
         try:
-            try:
-                msg = _WIRE.entry(raw)
-            except FieldError as refused:  # the hand-written codecs say why
-                _refused(refused, _entry_slow, raw)
-            _check(msg)
-            out.append(msg)
+            out.append(_entry(raw))
         except ProtocolError as exc:
             out.append(exc)
         except Exception as exc:  # as in decode: nothing else leaves a peer's bytes
@@ -552,27 +532,15 @@ def entries(batch: Batch) -> list[Message | ProtocolError]:
     return out
 
 
-def _entry_slow(raw: Any) -> Message:
+def _entry(raw: Any) -> Message:
     try:
-        body = msgpack.unpackb(raw, raw=False, strict_map_key=True)
-    except Exception as exc:
-        raise ProtocolError(BAD_FRAME, f"batch entry is not valid msgpack: {exc}") from None
-    if type(body) is not dict or not str_keys(body):
-        raise ProtocolError(BAD_FRAME, "a batch entry must be a map with string keys")
-    rid = body.get("request_id")
-    return _build(body, rid if type(rid) is str else None, in_batch=True)
-
-
-def _build(body: dict[str, Any], rid: str | None, in_batch: bool = False) -> Message:
-    """The message a version-checked map holds (its ``type`` popped), validated."""
-    tag = body.pop("type", None)
-    cls = MESSAGE_TYPES.get(tag) if type(tag) is str else None
-    if cls is None or (in_batch and cls is Batch):
-        where = " in a batch" if in_batch else ""
-        raise ProtocolError(BAD_FRAME, f"unknown message type {tag!r}{where}", rid)
-    try:
-        msg = _CODECS[cls].build(body)
-    except FieldError as exc:
-        raise ProtocolError(BAD_REQUEST, str(exc), rid) from None
+        msg = _WIRE.decode(raw)
+    except DECODE_ERRORS as exc:
+        raise _refusal(raw, exc, True) from None
+    if msg.v is not None:  # the frame's version covers its entries
+        raise ProtocolError(BAD_REQUEST, f"{msg.TYPE}: unknown field 'v' in a batch entry",
+                            _request_id(msg), field="v")  # fmt: skip
+    if type(msg) is Batch:
+        raise ProtocolError(BAD_FRAME, "unknown message type 'batch' in a batch")
     _check(msg)
     return msg

@@ -15,7 +15,6 @@ the worker simply re-registers.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
 import threading
@@ -62,9 +61,7 @@ class WorkerLink:
         self.ready = ready
         # With a hash, the first Ready leaves the 1.5 MB spec out; a router that
         # lacks it asks (Reregister(tokenizer=True)) and gets it with the next one.
-        self._hash_only = (
-            dataclasses.replace(ready, tokenizer={}) if ready.tokenizer_hash else ready
-        )
+        self._hash_only = p.replace(ready, tokenizer={}) if ready.tokenizer_hash else ready
         self._send_spec = False
         self.inbox = inbox
         self.registered = threading.Event()

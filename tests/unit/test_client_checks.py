@@ -69,6 +69,6 @@ def test_async_client_refuses_before_sending(listener, kwargs, field):
 
 
 def test_values_the_wire_carries_pass():
-    sub = make_submit(tokens=[0, 2**63 - 1], seed=2**64 - 1, top_k=2**63 - 1, stop="x")
+    sub = make_submit(tokens=[0, 2**31], seed=2**64 - 1, top_k=2**31, stop="x")
     assert sub.sampling.stop == ["x"]  # one stop string, not its characters
     make_submit(messages=[{"role": "user", "content": "\U0001f600 emoji é"}])

@@ -108,7 +108,10 @@ def test_named_reproductions_are_400s(path, body, param):
 
 
 def test_the_same_requests_made_valid_pass():
-    assert post(TEXT, json.dumps({"prompt": [1, 2**63 - 1], "seed": 2**64 - 1}).encode())[0] == 200
+    assert post(TEXT, json.dumps({"prompt": [1, 2**31], "seed": 2**64 - 1}).encode())[0] == 200
+    # A token id no vocabulary reaches is the protocol's refusal, named (not the router's).
+    err = assert_openai_error(*post(TEXT, json.dumps({"prompt": [1, 2**63 - 1]}).encode()))
+    assert err["param"] == "prompt" and "tokens[1]" in err["message"]
     assert post(CHAT, json.dumps({"messages": MSGS, "stop": ["\U0001f600"]}).encode())[0] == 200
     escaped = b'{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}'  # a pair
     assert post(CHAT, escaped)[0] == 200

@@ -90,7 +90,7 @@ def test_a_malformed_step_tokens_frame_is_refused_and_relays_nothing(h: Harness)
     h.pump()
     errors = [h.recv(sock), h.recv(sock)]
     assert all(isinstance(e, p.Error) and e.code == p.BAD_REQUEST for e in errors)
-    assert "one of each per request" in errors[0].message and "token id" in errors[1].message
+    assert "one of each per request" in errors[0].message and "token_ids" in errors[1].message
     assert _client_msgs(h) == []
     sock.send(p.StepTokens([wid], [[7]], ["ok"]))  # the router is still serving
     h.pump()
@@ -392,7 +392,7 @@ def test_a_worker_batch_is_handled_entry_by_entry_and_a_bad_entry_refused(h: Har
     sock.sock.send(p.join_batch(entries))
     h.pump()
     err = h.recv(sock)  # the bad entry, answered with its id; the rest relayed in order
-    assert isinstance(err, p.Error) and err.request_id == wid2 and "token id" in err.message
+    assert isinstance(err, p.Error) and err.request_id == wid2 and "token_ids" in err.message
     got = [(type(m).__name__, m.request_id) for m in _client_msgs(h)]
     assert got == [("TokenDelta", "r1"), ("Done", "r1"), ("TokenDelta", "r2")]
     assert h.core.requests[wid2].output_ids == [20, 21]
@@ -496,7 +496,7 @@ def test_a_request_only_some_workers_fit_is_offered_to_those(h: Harness) -> None
     smallest worker; past it each worker answers by WorkerState.fits."""
     spec = _ready(h, "big", with_spec=True)
     assert isinstance(_register(h, spec), p.Welcome)
-    small = dataclasses.replace(spec, worker_id="small", n_ctx=256, max_tokens_limit=64)
+    small = p.replace(spec, worker_id="small", n_ctx=256, max_tokens_limit=64)
     assert isinstance(_register(h, small), p.Welcome)
     workers = h.core.workers.values()
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import typing
 
 import msgpack
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -82,15 +82,15 @@ def test_nested_types_are_decoded_and_checked():
         (p.SamplingParams(top_p=float("nan")), "top_p"),
         (p.SamplingParams(top_p=0.0), "top_p"),
         (p.SamplingParams(top_k=-1), "top_k"),
-        (p.SamplingParams(seed=2**64), "seed"),
+        (p.SamplingParams(seed=-1), "seed"),
         (p.SamplingParams(stop=[""]), "stop"),
         (p.SamplingParams(stop=["x"] * 17), "stop"),
     ],
 )
 def test_sampling_problems_are_named(sampling, needle):
-    problem = sampling.problem()
+    problem = p.check(p.Submit("r", prompt="x", sampling=sampling))
     assert problem is not None and problem.code is p.ErrorCode.BAD_REQUEST
-    assert needle in problem.message
+    assert needle in problem.message and needle in problem.field
     assert p.SamplingParams(max_tokens=0, prefill_only=True).problem() is None
     assert p.SamplingParams(max_tokens=9).problem(max_tokens_limit=8) is not None
 
@@ -179,12 +179,8 @@ def test_arbitrary_maps_decode_to_valid_messages_or_raise_protocol_error(tag, bo
         msg = p.decode(msgpack.packb({**body, "v": V, "type": tag}))
     except p.ProtocolError:
         return
-    for f in dataclasses.fields(msg):  # a decoded message always re-encodes
-        assert (
-            f.name in body
-            or f.default is not dataclasses.MISSING
-            or f.default_factory is not dataclasses.MISSING
-        )
+    for f in msgspec.structs.fields(msg):  # a decoded message always re-encodes
+        assert f.name in body or not f.required
     assert p.decode(p.encode(msg)) == msg
 
 
@@ -212,7 +208,7 @@ def test_a_bad_entry_is_refused_in_its_place_and_the_others_still_count():
     assert [type(m).__name__ for m in out] == [
         "ProtocolError", "ProtocolError", "Cancel", "ProtocolError", "ProtocolError", "Done"
     ]  # fmt: skip
-    assert "token id" in out[0].message and out[0].request_id == "r1"
+    assert "token_ids[0]" in out[0].message and out[0].request_id == "r1"
     assert "in a batch" in out[1].message and out[1].code == p.BAD_FRAME
     assert "unknown field" in out[3].message and out[3].request_id == "r3"
     assert out[4].code == p.BAD_FRAME and out[4].request_id == "r4"
@@ -228,7 +224,8 @@ def test_an_entry_with_other_than_string_keys_is_refused_in_its_place():
 
 @pytest.mark.parametrize(
     ("messages", "needle"),
-    [([], "len(messages)"), ([{"type": "cancel", "request_id": "r"}] * 4097, "len(messages)"),
+    [([], "messages: expected array of length >= 1"),
+     ([{"type": "cancel", "request_id": "r"}] * 4097, "length <= 4096"),
      ("x", "messages"), ([1], "messages")],
 )  # fmt: skip
 def test_a_malformed_batch_is_refused_whole(messages, needle):
@@ -275,46 +272,15 @@ def test_keys_other_than_strings_inside_free_form_values_are_refused():
     assert isinstance(entry, p.ProtocolError) and "keys must be strings" in entry.message
 
 
-def _outcome(decode, frame):
-    try:
-        return decode(frame)
-    except p.ProtocolError as exc:
-        return exc.code
-
-
-@settings(max_examples=500, deadline=None)
-@given(
-    st.sampled_from([m for m in EXAMPLES if not isinstance(m, p.Batch)]),
-    st.lists(
-        st.tuples(st.text(max_size=3), st.booleans(), json_values | st.just(KEEP)),
-        min_size=1,
-        max_size=3,
-    ),
-)
-def test_the_fast_path_accepts_exactly_what_the_hand_written_checks_accept(msg, edits):
-    """msgspec (common/codec.py Wire) decides every frame; the hand-written codecs it
-    replaced must agree with it, field by field, on frames one edit from valid."""
-    body = msgpack.unpackb(p.encode(msg))
-    names = sorted(body.keys() - {"v", "type"})
-    for key, drop, value in edits:
-        name = names[len(key) % len(names)] if names and key != "x" else key  # or unknown
-        if drop:
-            body.pop(name, None)
-        elif value is not KEEP:
-            body[name] = value
-    frame = msgpack.packb(body)
-    assert _outcome(p.decode, frame) == _outcome(p._decode_slow, frame)
-
-
 def _float_fields(cls, where=""):
-    """(path, nested class or None) of every float field, nested dataclasses included."""
+    """(path, nested class or None) of every float field, nested Structs included."""
     hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        hint = hints[f.name]
-        if dataclasses.is_dataclass(hint):
-            yield from _float_fields(hint, f"{where}{f.name}.")
-        elif float in (hint, *typing.get_args(hint)):
-            yield f"{where}{f.name}", hint
+    for name in cls.__struct_fields__:
+        hint = hints[name]
+        if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
+            yield from _float_fields(hint, f"{where}{name}.")
+        elif float in (hint, *typing.get_args(hint), *map(typing.get_args, typing.get_args(hint))):
+            yield f"{where}{name}", hint
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
@@ -324,13 +290,12 @@ def _float_fields(cls, where=""):
     ids=lambda x: x if isinstance(x, str) else x.TYPE,
 )
 def test_every_float_field_refuses_what_is_not_a_finite_number(msg, path, bad):
-    """The bounds walk skips declared floats (common/validation.py): each message's own
-    check must refuse NaN and infinities in every one of them."""
+    """Every declared float's bounds (its type's Meta) refuse NaN and infinities."""
     body = msgpack.unpackb(p.encode(msg))
     *outer, name = path.split(".")
     target = body
     for part in outer:
-        target = target[part]
-    target[name] = [bad] if isinstance(target[name], list) else bad
+        target = target.setdefault(part, {})  # a nested value at its default is absent
+    target[name] = [bad] if isinstance(target.get(name), list) else bad  # absent: a default
     with pytest.raises(p.ProtocolError):
         p.decode(msgpack.packb(body))

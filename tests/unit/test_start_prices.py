@@ -7,7 +7,6 @@ recorded by hand, and router state is built from its dataclasses.
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import logging
@@ -218,7 +217,7 @@ def test_status_and_metrics_show_a_provisional_worker_until_its_steps_bear_it_ou
     from tandem.common.transport import DealerSocket
 
     sock = DealerSocket(h.router.worker_sock.address, identity=b"cpu0/1")
-    sock.send(dataclasses.replace(ready(True, [50.0] * 4), tokenizer=h.spec, model="m.gguf"))
+    sock.send(p.replace(ready(True, [50.0] * 4), tokenizer=h.spec, model="m.gguf"))
     h.pump()
     assert isinstance(h.recv(sock), p.Welcome)
     h.workers["cpu0"] = sock
@@ -235,7 +234,7 @@ def test_tandem_status_stars_a_provisional_worker_and_says_why() -> None:
     from tandem.cli.tables import workers_table
 
     rows = [WorkerState(b"x", ready(True, [50.0] * 4)).describe()]
-    settled = WorkerState(b"y", dataclasses.replace(ready(False, [50.0] * 4), worker_id="cpu1"))
+    settled = WorkerState(b"y", p.replace(ready(False, [50.0] * 4), worker_id="cpu1"))
     text = workers_table(p.StatusReply("phase_cost", [*rows, settled.describe()]))
     assert "cpu0*" in text and "cpu1*" not in text
     assert "* cpu0: provisional: priced on start-up rates" in text
