@@ -6,8 +6,9 @@
 #   bash deploy/gpu-box/build_llama_cuda.sh        # BUILD_S: the build's cap (default 500)
 # The CMake build folder stays in /root/lcp-build: a call cut by its cap leaves it
 # there, and the same command in the next call (box still warm) resumes the build.
-# Logs: $OUT/build.log (every line stamped with seconds since the start), the
-# phase times in $OUT/build-phases.txt, the box's tools in $OUT/build-facts.txt.
+# Logs: $OUT/build.log (every line stamped with seconds since the start) and
+# $OUT/build-phases.txt (the box's tools, then the phase times): two files, leaving
+# six of $OUT's eight to the wheel's parts.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 : "${OUT:?OUT must name the folder that comes back}"
@@ -26,7 +27,7 @@ phase() { echo "$1 $(( $(date +%s) - t0 )) s" | tee -a "$phases"; }
   for h in /usr/local/cuda/include/cublas_v2.h /usr/local/cuda/targets/x86_64-linux/include/cublas_v2.h; do
     [ -e "$h" ] && echo "cublas header: $h"; done
   ldconfig -p | grep -E 'libcublas\.so|libcudart\.so' | head -4
-} > "$OUT/build-facts.txt" 2>&1
+} > "$phases" 2>&1
 
 [ -n "$sdist" ] && [ -f "$sdist" ] || { echo "no sdist under .lcp/ (stage_llama_src.sh)" | tee "$log"; exit 2; }
 if [ ! -d "$src" ]; then mkdir -p "$src" && tar xzf "$sdist" -C "$src"; fi
@@ -54,7 +55,7 @@ if [ ! -e "$tk/include/cublas_v2.h" ] && [ ! -e "$tk/targets/x86_64-linux/includ
     export CPATH LIBRARY_PATH
     CMAKE_ARGS+=" -DCUDA_cublas_LIBRARY=$(ls "$lib"/libcublas.so* | head -1)"
     CMAKE_ARGS+=" -DCUDA_cublasLt_LIBRARY=$(ls "$lib"/libcublasLt.so* | head -1)"
-    echo "cuBLAS from $h" >> "$OUT/build-facts.txt"
+    echo "cuBLAS from $h" >> "$phases"
   fi
 fi
 mkdir -p "$wheels"
@@ -102,5 +103,5 @@ phase installed
 ls -la "$whl" | tee -a "$phases"
 split -b 15M -d -a 1 "$whl" "$OUT/$(basename "$whl").part"
 n=$(ls "$OUT"/*.part* | wc -l)
-[ "$n" -le 5 ] || echo "WARNING: $n parts: more than 8 files under \$OUT, some will not come back"
+[ "$n" -le 6 ] || echo "WARNING: $n parts: more than 8 files under \$OUT, some will not come back"
 phase split
