@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tandem.client.waiting import stage_words
 from tandem.common import protocol as p
 
 
@@ -26,8 +27,9 @@ def workers_table(reply: p.StatusReply) -> str:
     head = f"policy {reply.policy}, {reply.requests_in_flight} request(s) in flight"
     if reply.requests_pending:
         head += f", {reply.requests_pending} waiting for a worker"
+    starting = ["", starting_table(reply.starting)] if reply.starting else []
     if not reply.workers:
-        return head + "\n(no workers connected)"
+        return "\n".join([head, *starting] if starting else [head, "(no workers connected)"])
     rows = [
         [
             worker_label(w),
@@ -37,6 +39,7 @@ def workers_table(reply: p.StatusReply) -> str:
             w["queued"],
             f"{w['kv_used_tokens']}/{w['kv_capacity_tokens']}",
             w["cached_blocks"],
+            cache_cell(w),
             w["prefill_tok_s"],
             _or_dash(w.get("live_prefill_tok_s")),
             w.get("priced_prefill_tok_s", w["prefill_tok_s"]),
@@ -46,16 +49,42 @@ def workers_table(reply: p.StatusReply) -> str:
         for w in reply.workers
     ]
     headers = ["worker", "backend", "device", "active", "queued", "kv", "blocks",
-               "prefill/s profile", "live", "priced", "routed", "seen_s_ago"]  # fmt: skip
+               "cache device +host", "prefill/s profile", "live", "priced", "routed",
+               "seen_s_ago"]  # fmt: skip
     notes = [
         f"* {w['id']}: {PROVISIONAL}; {w.get('live_steps', 0)} served decode steps so far"
         for w in reply.workers
         if w.get("provisional")
     ]
-    return "\n".join([head, render(headers, rows), *notes, "", rates_table(reply.workers)])
+    tables = [head, render(headers, rows), *notes, *starting]
+    return "\n".join([*tables, "", rates_table(reply.workers)])
+
+
+def starting_table(rows: list[dict[str, Any]]) -> str:
+    """The workers announced but not registered yet (``StatusReply.starting``)."""
+    cells = [[w["id"], w["state"], w["device"], stage_words(w["stage"]), _or_dash(w.get("eta_s")),
+              w["starting_for_s"]] for w in rows]  # fmt: skip
+    return render(["worker", "state", "device", "stage", "eta_s", "starting_for_s"], cells)
 
 
 PROVISIONAL = "provisional: priced on start-up rates its served steps have not yet borne out"
+
+
+def cache_cell(w: dict[str, Any]) -> str:
+    """A worker's prefix cache by tier, tokens held / capacity: the device's, then the
+    host-RAM tier's where it has one; "-" when the worker does not say."""
+    cap = w.get("cache_capacity_tokens")
+    if not cap:
+        return "-"
+    out = f"{_tokens(w.get('cache_tokens', 0))}/{_tokens(cap)}"
+    host = w.get("host_cache_capacity_tokens")
+    if host:
+        out += f" +{_tokens(w.get('host_cache_tokens', 0))}/{_tokens(host)}"
+    return out
+
+
+def _tokens(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1_000_000 else f"{n / 1e3:.0f}k" if n >= 10_000 else str(n)
 
 
 def worker_label(w: dict[str, Any]) -> str:

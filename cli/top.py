@@ -14,7 +14,7 @@ import sys
 import termios
 import time
 import tty
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,8 @@ from rich.table import Table
 from rich.text import Text
 
 from tandem.cli.options import client_addr, keys_option
-from tandem.cli.tables import worker_label
+from tandem.cli.tables import cache_cell, worker_label
+from tandem.client.waiting import stage_words
 from tandem.common import protocol as p
 
 DECISIONS_SHOWN = 8
@@ -64,15 +65,16 @@ def render(st: p.StatusReply | None, rates: Rates, address: str, error: str = ""
         (f"{rates.req_s:.1f} req/s  {rates.tok_s:.0f} tok/s", "bold cyan"),
         f"  up {float(act.get('uptime_s', 0)):.0f}s   (q quits)",
     )
-    return Group(head, workers_table(st.workers), decisions_table(act))
+    return Group(head, workers_table(st.workers, st.starting), decisions_table(act))
 
 
-def workers_table(rows: list[dict[str, Any]]) -> Table:
-    """Rates read "advertised (priced)" tok/s; decode is at batch 1."""
+def workers_table(rows: list[dict[str, Any]], starting: Sequence[dict[str, Any]] = ()) -> Table:
+    """Rates read "advertised (priced)" tok/s; decode is at batch 1. ``starting``:
+    workers announced but not registered yet, with their stage and seconds left."""
     t = Table(
         title="workers  (rates: advertised (priced) tok/s; * provisional)", title_justify="left"
     )
-    for col in ("worker", "device", "act", "queue", "infl", "routed", "KV", "blocks"):
+    for col in ("worker", "device", "act", "queue", "infl", "routed", "KV", "blocks", "cache"):
         t.add_column(col, justify="left" if col in ("worker", "device") else "right")
     for col in ("prefill", "decode", "seen"):
         t.add_column(col, justify="right", no_wrap=True)
@@ -87,12 +89,20 @@ def workers_table(rows: list[dict[str, Any]]) -> Table:
             str(w["routed_total"]),
             f"{100 * w['kv_used_tokens'] / cap:.0f}%" if cap else "-",
             str(w["cached_blocks"]),
+            cache_cell(w),
             _rate(w["prefill_tok_s"], w.get("priced_prefill_tok_s")),
             _rate(_first(w["decode_tok_s"]), _first(w.get("priced_decode_tok_s"))),
             f"{w['last_seen_s']:.1f}s",
         )
-    if not rows:
-        t.add_row("(no worker registered)", *[""] * 10)
+    for s in starting:  # by column: the stage where the rates go, the estimate after it
+        eta = s.get("eta_s")
+        cells = {"worker": str(s["id"]), "device": str(s["device"]), "act": "starting",
+                 "prefill": stage_words(s["stage"]),
+                 "decode": "-" if eta is None else f"~{eta:.0f}s",
+                 "seen": f"{s['last_seen_s']:.1f}s"}  # fmt: skip
+        t.add_row(*(cells.get(str(c.header), "") for c in t.columns), style="dim")
+    if not rows and not starting:
+        t.add_row("(no worker registered)", *[""] * 11)
     return t
 
 

@@ -272,6 +272,10 @@ class CacheView:
         self.expire(now)
         return self._apply_device(report, now)
 
+    def host_blocks(self) -> int:
+        """Blocks held only in the worker's host-RAM tier (0 without one)."""
+        return len(self.held - self.device.held) if self.device is not None else 0
+
     def _apply_device(self, report: dict[str, Any], now: float) -> bool:
         """The ``device`` sub-report and ``restore_tok_s`` of a tiered worker."""
         sub = report.get("device")

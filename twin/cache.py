@@ -92,4 +92,5 @@ class CacheSpec:
             "cache_entries": self.cache_entries,
             "host_cache_tokens": host,
             "cache_policy": self.cache_policy,
+            "kv_bytes_per_token": self.kv_bytes,
         }

@@ -26,6 +26,7 @@ class EngineConfig:
     cache_entries: int | None = None  # None: as many as the backend can hold
     host_cache_tokens: int = 0  # the host-RAM tier (workers/host_cache.py); 0: none
     cache_policy: str = "value"  # eviction: value | lru (workers/prefix_cache.py)
+    kv_bytes_per_token: int = 0  # the model's (workers/memory.py), for heartbeats; 0: unknown
     heartbeat_s: float = 0.5
     max_tokens_limit: int = 4096
     full_resync_s: float = 30.0  # a full block listing this often, whatever the deltas said

@@ -95,7 +95,10 @@ def cache_plan(cfg: WorkerConfig, model: str | Path, device: str) -> CachePlan:
 def sized(cfg: WorkerConfig, cache: CachePlan) -> WorkerConfig:
     """``cfg`` with its engine's cache sizes set from ``cache``."""
     engine = dataclasses.replace(
-        cfg.engine, cache_tokens=cache.device_tokens, host_cache_tokens=cache.host_tokens
+        cfg.engine,
+        cache_tokens=cache.device_tokens,
+        host_cache_tokens=cache.host_tokens,
+        kv_bytes_per_token=cache.bytes_per_token,
     )
     return dataclasses.replace(cfg, engine=engine)
 

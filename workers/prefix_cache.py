@@ -183,6 +183,15 @@ class PrefixCache:
             out["restore_tok_s"] = round(self.restore_tok_s)
         return out
 
+    def tiers(self) -> dict[str, int]:
+        """Tokens held and capacity per tier, as the heartbeat carries them."""
+        return {
+            "cache_tokens": self.held[DEVICE],
+            "cache_capacity_tokens": self.capacity[DEVICE],
+            "host_cache_tokens": self.held[HOST],
+            "host_cache_capacity_tokens": self.capacity[HOST],
+        }
+
     def request_full(self) -> None:
         self.log.request_full()
         self.device_log.request_full()

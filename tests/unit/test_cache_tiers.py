@@ -239,3 +239,21 @@ def test_host_hits_are_priced_as_restores():
     assert matched == 8 and priced(w, chain, matched, prefill_tok_s=100.0) == 6  # 8 x 3/4
     chain = PromptBlocks(seq(12, 200)).chain(BS)
     assert priced(w, chain, chain.matched_tokens(view.held), prefill_tok_s=100.0) == 8
+
+
+def test_tiers_are_counted_for_heartbeats_and_shown_by_the_cli():
+    from tandem.cli.tables import cache_cell
+    from tandem.common.blocks import CacheView
+
+    c, _ = tiered(host_tokens=16)
+    c.insert(seq(8, 100), "a")
+    c.insert(seq(8, 200), "b")  # a moves to host RAM
+    assert c.tiers() == {"cache_tokens": 8, "cache_capacity_tokens": 8,
+                         "host_cache_tokens": 8, "host_cache_capacity_tokens": 16}  # fmt: skip
+    view = CacheView()
+    assert view.apply(c.report()) and view.host_blocks() == 2
+    row = {"cache_tokens": 3000, "cache_capacity_tokens": 5_178_727, "host_cache_tokens": 20_000,
+           "host_cache_capacity_tokens": 372_827}  # fmt: skip
+    assert cache_cell(row) == "3000/5.2M +20k/373k"
+    assert cache_cell({"cache_capacity_tokens": 4096, "cache_tokens": 10}) == "10/4096"
+    assert cache_cell({}) == "-"
