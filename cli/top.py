@@ -14,7 +14,7 @@ import sys
 import termios
 import time
 import tty
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,6 @@ from rich.text import Text
 
 from tandem.cli.options import client_addr, keys_option
 from tandem.cli.tables import cache_cell, worker_label
-from tandem.client.waiting import stage_words
 from tandem.common import protocol as p
 
 DECISIONS_SHOWN = 8
@@ -65,12 +64,11 @@ def render(st: p.StatusReply | None, rates: Rates, address: str, error: str = ""
         (f"{rates.req_s:.1f} req/s  {rates.tok_s:.0f} tok/s", "bold cyan"),
         f"  up {float(act.get('uptime_s', 0)):.0f}s   (q quits)",
     )
-    return Group(head, workers_table(st.workers, st.starting), decisions_table(act))
+    return Group(head, workers_table(st.workers), decisions_table(act))
 
 
-def workers_table(rows: list[dict[str, Any]], starting: Sequence[dict[str, Any]] = ()) -> Table:
-    """Rates read "advertised (priced)" tok/s; decode is at batch 1. ``starting``:
-    workers announced but not registered yet, with their stage and seconds left."""
+def workers_table(rows: list[dict[str, Any]]) -> Table:
+    """Rates read "advertised (priced)" tok/s; decode is at batch 1."""
     t = Table(
         title="workers  (rates: advertised (priced) tok/s; * provisional)", title_justify="left"
     )
@@ -94,14 +92,7 @@ def workers_table(rows: list[dict[str, Any]], starting: Sequence[dict[str, Any]]
             _rate(_first(w["decode_tok_s"]), _first(w.get("priced_decode_tok_s"))),
             f"{w['last_seen_s']:.1f}s",
         )
-    for s in starting:  # by column: the stage where the rates go, the estimate after it
-        eta = s.get("eta_s")
-        cells = {"worker": str(s["id"]), "device": str(s["device"]), "act": "starting",
-                 "prefill": stage_words(s["stage"]),
-                 "decode": "-" if eta is None else f"~{eta:.0f}s",
-                 "seen": f"{s['last_seen_s']:.1f}s"}  # fmt: skip
-        t.add_row(*(cells.get(str(c.header), "") for c in t.columns), style="dim")
-    if not rows and not starting:
+    if not rows:
         t.add_row("(no worker registered)", *[""] * 11)
     return t
 
