@@ -39,11 +39,12 @@ from tandem.common.validation import (
     message_problem,
 )
 
-PROTOCOL_VERSION = 7  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds;
+PROTOCOL_VERSION = 8  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds;
 # 4: step_tokens (a worker that batches its deltas must not meet a router that cannot read them);
 # 5: batch (the router sends a peer what one turn owes it in one frame); 6: ready.provisional;
 # 7: msgspec Structs (fields at their default left out, ``type`` first, ids without control
-# characters)
+# characters); 8: sampling's penalties, logit_bias, min_p, logprobs, json_schema, token
+# logprobs, ready.capabilities (a request that needs one must not reach a worker that drops it)
 
 
 class FinishReason(StrEnum):
@@ -119,8 +120,26 @@ class Struct(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defau
     field by field exactly like a message, unknown fields refused."""
 
 
+class Capability(StrEnum):
+    """What a worker serves beyond plain sampling (``Ready.capabilities``). A request
+    needs the ones ``SamplingParams.needs`` names; the router sends it only to a
+    worker that has them all (broker/capabilities.py)."""
+
+    PENALTIES = "penalties"  # presence / frequency / repetition penalty
+    LOGIT_BIAS = "logit_bias"
+    MIN_P = "min_p"
+    LOGPROBS = "logprobs"
+    JSON_SCHEMA = "json_schema"  # output constrained to a JSON Schema
+
+
 # ---------------------------------------------------------------- domain types
 StopString = Annotated[str, Meta(min_length=1, max_length=bounds.MAX_TEXT_CHARS)]
+Penalty = Annotated[float, Meta(ge=-2, le=2)]  # OpenAI's presence / frequency penalty
+Bias = Annotated[float, Meta(ge=-100, le=100)]  # OpenAI's logit_bias values
+SchemaText = Annotated[str, Meta(min_length=1, max_length=bounds.MAX_SCHEMA_CHARS)]
+# A natural-log probability: finite or -inf (a token the model rules out); NaN and +inf
+# are refused.
+Logprob = Annotated[float, Meta(le=bounds.MAX_FLOAT)]
 
 
 class SamplingParams(Struct):
@@ -143,6 +162,31 @@ class SamplingParams(Struct):
     stop: Annotated[list[StopString], Meta(max_length=MAX_STOP_STRINGS)] = []
     ignore_eos: bool = False
     prefill_only: bool = False
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repetition_penalty: Annotated[float, Meta(gt=0, le=10)] = 1.0  # llama.cpp / HF; 1: off
+    min_p: Annotated[float, Meta(ge=0, le=1)] = 0.0
+    # token id -> bias added to its logit (a msgpack map with int keys).
+    logit_bias: Annotated[dict[TokenId, Bias], Meta(max_length=bounds.MAX_LOGIT_BIAS)] = {}
+    # None: no logprobs; n: each output token's logprob and the n likeliest (TokenLogprob).
+    logprobs: Annotated[int, Meta(ge=0, le=bounds.MAX_LOGPROBS)] | None = None
+    # The JSON text of a JSON Schema (an object, or true) the output must match.
+    json_schema: SchemaText | None = None
+
+    def needs(self) -> frozenset[str]:
+        """The capabilities a worker needs to serve these parameters (``Capability``)."""
+        needs = []
+        if self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0:
+            needs.append(Capability.PENALTIES)
+        if self.logit_bias:
+            needs.append(Capability.LOGIT_BIAS)
+        if self.min_p > 0:
+            needs.append(Capability.MIN_P)
+        if self.logprobs is not None:
+            needs.append(Capability.LOGPROBS)
+        if self.json_schema is not None:
+            needs.append(Capability.JSON_SCHEMA)
+        return frozenset(needs)
 
     @property
     def budget(self) -> int:
@@ -157,7 +201,21 @@ class SamplingParams(Struct):
         if max_tokens_limit is not None and self.max_tokens > max_tokens_limit:
             words = f"max_tokens must be <= {max_tokens_limit}"
             return Problem.bad_request(words, "sampling.max_tokens")
+        if self.json_schema is not None:
+            return bounds.schema_problem(self.json_schema)
         return None
+
+
+class TokenLogprob(Struct):
+    """One output token's logprob (``SamplingParams.logprobs``): the model's
+    log-softmax after logit_bias and penalties, before temperature and truncation.
+    ``token`` is its text piece (decoded with errors="replace"); ``top`` the n
+    likeliest as (id, piece, logprob), most likely first."""
+
+    id: TokenId
+    token: Text
+    logprob: Logprob
+    top: Annotated[list[tuple[TokenId, Text, Logprob]], Meta(max_length=bounds.MAX_LOGPROBS)] = []
 
 
 class RequestRow(Struct):
@@ -235,22 +293,28 @@ class TokenDelta(Message, tag="tokens"):
     request_id: Id
     token_ids: Tokens
     text: Text
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked
 
 
 class StepTokens(Message, tag="step_tokens"):
     """Worker -> router: the token deltas of several requests in one frame, as a
     worker's I/O thread found them waiting together (one engine step's, usually):
-    entry i is ``TokenDelta(request_ids[i], token_ids[i], texts[i])``. The router
-    relays each to its client as that TokenDelta; clients never see this frame."""
+    entry i is ``TokenDelta(request_ids[i], token_ids[i], texts[i], logprobs[i])``.
+    The router relays each to its client as that TokenDelta; clients never see this
+    frame. ``logprobs`` is None when no request in the frame asked for them."""
 
     request_ids: Annotated[list[Id], Meta(max_length=bounds.MAX_DELTAS_PER_FRAME)]
     token_ids: list[Tokens]
     texts: list[Text]
+    logprobs: list[list[TokenLogprob] | None] | None = None
 
     def deltas(self) -> list[TokenDelta]:
+        rids, ids, texts = self.request_ids, self.token_ids, self.texts
+        if self.logprobs is None:
+            return [TokenDelta(r, t, x) for r, t, x in zip(rids, ids, texts, strict=True)]
         return [
-            TokenDelta(r, t, x)
-            for r, t, x in zip(self.request_ids, self.token_ids, self.texts, strict=True)
+            TokenDelta(r, t, x, lp)
+            for r, t, x, lp in zip(rids, ids, texts, self.logprobs, strict=True)
         ]
 
 
@@ -296,6 +360,9 @@ class Ready(Message, tag="ready"):
     # Rates not yet borne out by steps served here (a stored profile, a quick start-up
     # measurement): the router trusts them less until its live step model has enough.
     provisional: bool = False
+    # The Capability values it serves; strings, so a router reads a newer worker's list.
+    capabilities: Annotated[list[Label], Meta(max_length=32)] = []
+
 
 
 def tokenizer_hash(spec: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ docs/PROTOCOL.md lists every bound.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from collections.abc import Callable
@@ -43,6 +44,9 @@ MAX_TOKEN_ID = 1 << 31
 MAX_TEXT_CHARS = 1 << 20
 MAX_STATS_KEYS = 64
 MAX_STOP_STRINGS = 16
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI's
+MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
+MAX_SCHEMA_CHARS = 1 << 18  # a JSON Schema's text
 MAX_FLOAT = sys.float_info.max  # ``le=MAX_FLOAT`` refuses infinity; every bound refuses NaN
 
 # The bounded types the messages are declared with (common/protocol.py).
@@ -152,7 +156,31 @@ def _step_tokens(m: p.StepTokens) -> Problem | None:
             f"step_tokens: {n} request_ids, {len(m.token_ids)} token_ids lists and "
             f"{len(m.texts)} texts (one of each per request)"
         )
+    if m.logprobs is not None:
+        if len(m.logprobs) != n:
+            return _bad(f"step_tokens: {len(m.logprobs)} logprobs entries for {n} requests")
+        for ids, lps in zip(m.token_ids, m.logprobs, strict=True):
+            if lps is not None and len(lps) != len(ids):
+                return _bad(f"step_tokens: {len(lps)} logprobs for {len(ids)} token ids")
     return _within("token ids in the frame", sum(map(len, m.token_ids)), 0, MAX_TOKENS_PER_FRAME)
+
+
+def _token_delta(m: p.TokenDelta) -> Problem | None:
+    if m.logprobs is not None and len(m.logprobs) != len(m.token_ids):
+        return _bad(f"tokens: {len(m.logprobs)} logprobs for {len(m.token_ids)} token ids")
+    return None
+
+
+def schema_problem(text: str) -> Problem | None:
+    """A json_schema that is not the JSON text of a schema (an object, or a boolean)."""
+    try:
+        schema = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested past Python's stack
+        return Problem.bad_request(f"json_schema is not JSON: {exc}", "sampling.json_schema")
+    if not isinstance(schema, dict | bool):
+        why = "json_schema must be a JSON Schema: an object (or true / false)"
+        return Problem.bad_request(why, "sampling.json_schema")
+    return None
 
 
 def _assign(m: p.Assign) -> Problem | None:
@@ -176,6 +204,7 @@ _CHECKS: dict[str, Check] = {  # by message tag; the others have no rule across 
     "heartbeat": _heartbeat,
     "done": _done,
     "step_tokens": _step_tokens,
+    "tokens": _token_delta,
     "assign": _assign,
     "submit": _submit,
     "status_reply": _status_reply,

@@ -27,6 +27,26 @@ EXAMPLES = [
     p.Accepted("r1", "cpu0", 12, 8),
     p.TokenDelta("r1", [5, 6], "ab"),
     p.StepTokens(["r1", "r2"], [[5], [6, 7]], ["a", "bc"]),
+    p.Submit(
+        "r4",
+        prompt="hi",
+        sampling=p.SamplingParams(
+            presence_penalty=-0.5,
+            frequency_penalty=2,
+            repetition_penalty=1.1,
+            min_p=0.05,
+            logit_bias={0: -100.0, 2**31: 3.5},
+            logprobs=20,
+            json_schema='{"type": "object"}',
+        ),
+    ),
+    p.TokenDelta("r1", [5], "a", [p.TokenLogprob(5, "a", -0.1, [(5, "a", -0.1), (6, "b", -2.5)])]),
+    p.StepTokens(
+        ["r1", "r2"],
+        [[5], [6, 7]],
+        ["a", "bc"],
+        [None, [p.TokenLogprob(6, "b", -1.0), p.TokenLogprob(7, "\ufffd", float("-inf"))]],
+    ),
     p.Done("r1", p.FinishReason.LENGTH, {"ttft_s": 0.1, "worker": "cpu0"}),
     p.Error(p.BAD_REQUEST, "nope", "r1"),
     p.Error(p.BAD_FRAME, "nope"),
@@ -37,6 +57,9 @@ EXAMPLES = [
     p.Reregister(),
     p.Reregister(tokenizer=True),
     p.Ready("w", "sim", "cpu", "m.gguf", 1, 64, 16, 1.0, [1.0], 0.5, {}, tokenizer_hash="ab"),
+    p.Ready(
+        "w", "llama.cpp", "cpu", "m", 1, 64, 16, 1.0, [1.0], 0.5, {}, capabilities=["logprobs"]
+    ),
     p.ResyncCache(),
     p.Goodbye("w"),
     p.Batch([{"type": "cancel", "request_id": "r1"}]),
@@ -85,6 +108,18 @@ def test_nested_types_are_decoded_and_checked():
         (p.SamplingParams(seed=-1), "seed"),
         (p.SamplingParams(stop=[""]), "stop"),
         (p.SamplingParams(stop=["x"] * 17), "stop"),
+        (p.SamplingParams(presence_penalty=2.5), "presence_penalty"),
+        (p.SamplingParams(frequency_penalty=float("nan")), "frequency_penalty"),
+        (p.SamplingParams(repetition_penalty=0.0), "repetition_penalty"),
+        (p.SamplingParams(min_p=1.5), "min_p"),
+        (p.SamplingParams(logit_bias={1: 100.5}), "logit_bias"),
+        (p.SamplingParams(logit_bias={-1: 1.0}), "logit_bias"),
+        (p.SamplingParams(logit_bias={i: 1.0 for i in range(301)}), "logit_bias"),
+        (p.SamplingParams(logprobs=21), "logprobs"),
+        (p.SamplingParams(logprobs=-1), "logprobs"),
+        (p.SamplingParams(json_schema=""), "json_schema"),
+        (p.SamplingParams(json_schema="{"), "json_schema"),
+        (p.SamplingParams(json_schema="[1]"), "json_schema"),
     ],
 )
 def test_sampling_problems_are_named(sampling, needle):
@@ -96,6 +131,34 @@ def test_sampling_problems_are_named(sampling, needle):
 
 
 BAD = p.BAD_REQUEST
+
+
+def test_sampling_names_the_capabilities_it_needs():
+    C = p.Capability
+    assert p.SamplingParams(temperature=1, top_k=5, seed=1, stop=["x"]).needs() == frozenset()
+    assert p.SamplingParams(presence_penalty=0.1).needs() == {C.PENALTIES}
+    assert p.SamplingParams(frequency_penalty=-0.1).needs() == {C.PENALTIES}
+    assert p.SamplingParams(repetition_penalty=1.1).needs() == {C.PENALTIES}
+    assert p.SamplingParams(logit_bias={1: 0.0}).needs() == {C.LOGIT_BIAS}
+    assert p.SamplingParams(min_p=0.1).needs() == {C.MIN_P}
+    assert p.SamplingParams(logprobs=0).needs() == {C.LOGPROBS}
+    every = p.SamplingParams(presence_penalty=1, logit_bias={1: 1}, min_p=0.1, logprobs=1,
+                             json_schema="true")  # fmt: skip
+    assert every.needs() == set(C) and {"json_schema", "logprobs"} <= every.needs()
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        p.TokenDelta("r", [1, 2], "ab", [p.TokenLogprob(1, "a", -1.0)]),
+        p.StepTokens(["r"], [[1]], ["a"], [None, None]),
+        p.StepTokens(["r"], [[1]], ["a"], [[p.TokenLogprob(1, "a", 0.0)] * 2]),
+        p.TokenDelta("r", [1], "a", [p.TokenLogprob(1, "a", float("nan"))]),
+        p.TokenDelta("r", [1], "a", [p.TokenLogprob(1, "a", -1.0, [(2, "b", -1.0)] * 21)]),
+    ],
+)
+def test_logprobs_must_match_their_tokens(msg):
+    assert p.check(msg) is not None
 
 
 OLD = p.PROTOCOL_VERSION - 1  # an older peer
@@ -291,7 +354,7 @@ def _float_fields(cls, where=""):
 )
 def test_every_float_field_refuses_what_is_not_a_finite_number(msg, path, bad):
     """Every declared float's bounds (its type's Meta) refuse NaN and infinities."""
-    body = msgpack.unpackb(p.encode(msg))
+    body = msgpack.unpackb(p.encode(msg), strict_map_key=False)  # logit_bias: int keys
     *outer, name = path.split(".")
     target = body
     for part in outer:
