@@ -246,6 +246,7 @@ class WorkerState:
             "model": self.info.model,
             "max_active": self.info.max_active,
             "n_ctx": self.info.n_ctx,
+            "capabilities": sorted(self.info.capabilities),
             "active": len(hb.active) if hb else 0,
             "queued": len(hb.queued) if hb else 0,
             "inflight": len(self.inflight),

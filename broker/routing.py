@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from tandem.broker.capabilities import capable_ids, excluded, unservable
 from tandem.broker.decisions import decision_record
 from tandem.broker.ledger import PromptBlocks
 from tandem.broker.policies import Decision, Forced, NoCandidate, RouteRequest, parse_policy
@@ -40,6 +41,8 @@ class Routing(CoreState):
                 return True
             self.pending.popleft()
             routed += 1
+            if self._unservable(req):
+                continue
             if self.tokenizer is not None and self.tokenizing.wants(req):
                 if not self._beyond_every_context(req):
                     self.tokenizing.start(req, self.tokenizer)  # back when tokenized
@@ -54,6 +57,15 @@ class Routing(CoreState):
                 self.pending.appendleft(req)
                 return False
         return False
+
+    def _unservable(self, req: ClientRequest) -> bool:
+        """Fail ``req`` now when no registered worker has the capabilities it needs
+        (broker/capabilities.py says why at once rather than after a wait)."""
+        needs = req.submit.sampling.needs()
+        if not needs or capable_ids(self.workers.values(), needs):
+            return False
+        self._fail(req, p.BAD_REQUEST, unservable(self.workers.values(), needs))
+        return True
 
     def _beyond_every_context(self, req: ClientRequest) -> bool:
         """Fail ``req`` now when its text alone is more tokens than any worker's context
@@ -110,10 +122,15 @@ class Routing(CoreState):
         n, budget = len(tokens), req.budget_left  # once, not once per worker
         blocks = PromptBlocks(tokens)  # hashed once per block size, not once per worker
         policy = parse_policy(f"forced:{sub.worker}") if sub.worker else self.policy
+        # Routing's hard constraint: only the workers with the capabilities it needs.
+        needs = sub.sampling.needs()
+        capable = capable_ids(self.workers.values(), needs) if needs else None
         # Nothing to choose (one worker has room and it fits): nothing to score, and
         # no view of it to build (unless decisions are logged: a record shows views).
         self.views.refresh(self.workers.values())
         lone = self.views.sole(n, budget) if policy.takes_any and not self.log_decisions else None
+        if lone is not None and capable is not None and lone.id not in capable:
+            lone = None
         if lone is not None:
             rr, elapsed_s = self.calibration.route_request(n, budget), self.cost_clock() - t0
             self._place(req, tokens, lone, blocks, policy.name, rr, Decision(lone.id, {}), 1,
@@ -121,8 +138,10 @@ class Routing(CoreState):
             return True
         # One pass: views of the workers it fits that have room (batch + queue share).
         views = self.views.offered(blocks, n, budget)
+        if capable is not None:
+            views = [v for v in views if v.id in capable]
         if not views:
-            return self._no_room(req, n, budget)
+            return self._no_room(req, n, budget, capable)
         # A migrated request is not an arrival: nothing to expect from it.
         arrivals = () if req.lost_on else req.arrivals_before
         rr = self.calibration.route_request(n, budget, arrivals)
@@ -132,10 +151,15 @@ class Routing(CoreState):
             else:
                 decision = policy.choose(rr, views)
         except NoCandidate as exc:
-            return self._no_candidate(req, policy, exc, n, budget)
+            return self._no_candidate(req, policy, exc, n, budget, capable)
         elapsed_s = self.cost_clock() - t0  # the decision, not the writing of its record
         if self.log_decisions:
             extra = self.calibration.log_fields()
+            if needs:  # the workers passed over for what they lack, and why
+                extra |= {
+                    "needs": sorted(needs),
+                    "excluded": excluded(self.workers.values(), needs),
+                }
             record = decision_record(sub.request_id, policy.name, rr, views, decision, extra)
             self.out.decisions.append((now, record))
         w = self.workers[decision.worker_id]
@@ -143,11 +167,15 @@ class Routing(CoreState):
                     now)  # fmt: skip
         return True
 
-    def _no_room(self, req: ClientRequest, n: int, budget: int) -> bool:
-        """No worker with room fits ``req``: it waits if one would fit it, else fails."""
-        if any(w.fits(n, budget) for w in self.workers.values()):
+    def _no_room(
+        self, req: ClientRequest, n: int, budget: int, capable: set[str] | None = None
+    ) -> bool:
+        """No worker with room (and the capabilities it needs: ``capable``, None for
+        any) fits ``req``: it waits if one would fit it, else fails."""
+        ws = [w for w in self.workers.values() if capable is None or w.id in capable]
+        if any(w.fits(n, budget) for w in ws):
             return False  # it fits somewhere: wait for room
-        limit = max((w.info.n_ctx for w in self.workers.values()), default=0)
+        limit = max((w.info.n_ctx for w in ws), default=0)
         self._fail(
             req,
             p.PROMPT_TOO_LONG,
@@ -157,12 +185,20 @@ class Routing(CoreState):
         return True
 
     def _no_candidate(
-        self, req: ClientRequest, policy: object, exc: NoCandidate, n: int, budget: int
-    ) -> bool:
+        self, req: ClientRequest, policy: object, exc: NoCandidate, n: int, budget: int,
+        capable: set[str] | None = None,
+    ) -> bool:  # fmt: skip
         """Pinned by the request (its policy is then forced:<worker>), or by a forced
-        router policy (`--policy forced:gpu`), to no worker offered: wait or fail."""
+        router policy (`--policy forced:gpu`), to no worker offered (among the ones
+        with the capabilities it needs: ``capable``, None for any): wait or fail."""
         pinned = policy.selector if isinstance(policy, Forced) else None
-        fitting = [w for w in self.workers.values() if w.fits(n, budget)]
+        if capable is not None and self._pinned_incapable(req, pinned, capable):
+            return True
+        fitting = [
+            w
+            for w in self.workers.values()
+            if w.fits(n, budget) and (capable is None or w.id in capable)
+        ]
         if any(pinned in (w.id, w.info.device) for w in fitting):
             return False  # the pinned worker is full: wait for it
         too_long = any(pinned in (w.id, w.info.device) for w in self.workers.values())
@@ -172,6 +208,15 @@ class Routing(CoreState):
             return True
         code = p.PROMPT_TOO_LONG if too_long else p.NO_WORKERS
         self._fail(req, code, f"{exc} that fits this request" if too_long else str(exc))
+        return True
+
+    def _pinned_incapable(self, req: ClientRequest, pinned: str | None, capable: set[str]) -> bool:
+        """Fail ``req`` when the workers it is pinned to all lack a capability it needs."""
+        chosen = [w for w in self.workers.values() if pinned in (w.id, w.info.device)]
+        if not chosen or any(w.id in capable for w in chosen):
+            return False
+        why = unservable(chosen, req.submit.sampling.needs(), whom="worker")
+        self._fail(req, p.BAD_REQUEST, f"the request is pinned to {pinned!r}: {why}")
         return True
 
     def _place(

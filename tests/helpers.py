@@ -52,12 +52,16 @@ def tiny_tokenizer() -> dict[str, Any]:
 
 
 def fake_ready(
-    wid: str, rates: tuple[float, list[float]], max_active: int, spec: dict[str, Any]
+    wid: str,
+    rates: tuple[float, list[float]],
+    max_active: int,
+    spec: dict[str, Any],
+    capabilities: list[str] | None = None,
 ) -> p.Ready:
     """The Ready of a fake worker: a sim device, prefill and decode ``rates``, 8192
     tokens of context, blocks of 16, a heartbeat every 0.5 s, tokenizer ``spec``."""
     return p.Ready(wid, "sim", f"sim-{wid}", "m.gguf", max_active, 8192, 16, rates[0],
-                   rates[1], 0.5, spec)  # fmt: skip
+                   rates[1], 0.5, spec, capabilities=capabilities or [])  # fmt: skip
 
 
 class Harness:
@@ -82,9 +86,15 @@ class Harness:
             r.drain_clients()
             r.dispatch_pending()
 
-    def add_worker(self, wid: str, rates: tuple[float, list[float]], max_active: int = 4) -> None:
+    def add_worker(
+        self,
+        wid: str,
+        rates: tuple[float, list[float]],
+        max_active: int = 4,
+        capabilities: list[str] | None = None,
+    ) -> None:
         sock = DealerSocket(self.router.worker_sock.address, identity=wid.encode())
-        sock.send(fake_ready(wid, rates, max_active, self.spec))
+        sock.send(fake_ready(wid, rates, max_active, self.spec, capabilities))
         self.pump()
         assert isinstance(self.recv(sock), p.Welcome)
         self.workers[wid] = sock

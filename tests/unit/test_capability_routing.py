@@ -1,0 +1,91 @@
+"""Capabilities are routing's first hard constraint (broker/capabilities.py): a request
+goes only to a worker that advertises what it needs; the cost model chooses among
+those; a request no registered worker can serve is a BAD_REQUEST naming what is
+missing, at once. Through the live router loop on inproc sockets (tests/helpers.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tandem.common import protocol as p
+from tests.helpers import Harness
+
+FAST, SLOW = (4000.0, [400.0] * 4), (500.0, [50.0] * 4)  # prefill, decode tok/s
+ALL = [str(c) for c in p.Capability]
+PROMPT = list(range(1, 40))
+
+
+@pytest.fixture
+def h(tmp_path: Path):
+    h = Harness(tmp_path)
+    yield h
+    h.close()
+
+
+def send(h: Harness, rid: str, worker: str | None = None, **sampling: Any) -> p.Message | None:
+    """Submit a request; the router's first answer to it (None: it waits)."""
+    sub = p.Submit(rid, tokens=PROMPT, sampling=p.SamplingParams(8, **sampling), worker=worker)
+    h.client.send(sub)
+    h.pump()
+    return h.recv(h.client) if h.client.poll(200) else None
+
+
+def test_a_request_goes_only_to_a_worker_with_what_it_needs(h: Harness):
+    h.add_worker("plain", FAST, capabilities=[])  # cheaper: the cost model's choice
+    h.add_worker("full", SLOW, capabilities=ALL)
+    for rid, sampling, expected in [
+        ("r0", {}, "plain"),
+        ("r1", {"json_schema": '{"type": "object"}'}, "full"),
+        ("r2", {"logprobs": 2}, "full"),
+        ("r3", {"presence_penalty": 0.5}, "full"),
+        ("r4", {"logit_bias": {5: -100.0}}, "full"),
+        ("r5", {"min_p": 0.1}, "full"),
+    ]:
+        msg = send(h, rid, **sampling)
+        assert isinstance(msg, p.Accepted) and msg.worker_id == expected, (rid, msg)
+    logged = {d["request"]: d for d in h.decisions()}
+    assert logged["r1"]["excluded"] == {"plain": "lacks json_schema"}
+    assert logged["r1"]["needs"] == ["json_schema"]
+    assert [c["id"] for c in logged["r1"]["candidates"]] == ["full"]
+    assert "excluded" not in logged["r0"]
+
+
+def test_a_request_no_registered_worker_can_serve_fails_at_once(h: Harness):
+    h.add_worker("a", FAST, capabilities=["logprobs"])
+    h.add_worker("b", FAST, capabilities=["penalties"])
+    msg = send(h, "r0", json_schema="{}", logprobs=0)
+    assert isinstance(msg, p.Error) and msg.code == p.BAD_REQUEST
+    assert "json_schema" in msg.message and "a lacks json_schema" in msg.message
+    # Each has one of the two, none both: said so.
+    msg = send(h, "r1", presence_penalty=1.0, logprobs=0)
+    assert isinstance(msg, p.Error) and msg.code == p.BAD_REQUEST
+    assert "all of logprobs, penalties together" in msg.message
+    assert isinstance(send(h, "r2", logprobs=1), p.Accepted)  # the router goes on serving
+
+
+def test_with_no_worker_registered_it_waits_for_one_that_can(h: Harness):
+    assert send(h, "r0", json_schema="{}") is None  # held, as any request before a worker
+    h.add_worker("full", SLOW, capabilities=ALL)
+    h.pump()
+    msg = h.recv(h.client)
+    assert isinstance(msg, p.Accepted) and msg.worker_id == "full"
+
+
+def test_a_request_pinned_to_a_worker_without_it_is_refused(h: Harness):
+    h.add_worker("plain", FAST, capabilities=[])
+    h.add_worker("full", SLOW, capabilities=ALL)
+    msg = send(h, "r0", worker="plain", logprobs=0)
+    assert isinstance(msg, p.Error) and msg.code == p.BAD_REQUEST
+    assert "'plain'" in msg.message and "logprobs" in msg.message
+    msg = send(h, "r1", worker="full", logprobs=0)
+    assert isinstance(msg, p.Accepted) and msg.worker_id == "full"
+
+
+def test_status_shows_each_workers_capabilities(h: Harness):
+    h.add_worker("plain", FAST, capabilities=[])
+    h.add_worker("full", SLOW, capabilities=ALL)
+    rows = {w["id"]: w for w in h.core.status(0.0).workers}
+    assert rows["plain"]["capabilities"] == [] and rows["full"]["capabilities"] == sorted(ALL)
