@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, TypeAlias, cast
 
 import zmq
 import zmq.asyncio
@@ -26,6 +26,11 @@ from tandem.common.auth import peer_setup
 from tandem.common.settings import addresses
 from tandem.common.transport import CLIENT_FRAME_BYTES, close_monitor
 
+# pyzmq's asyncio socket answers each call with an asyncio Future, which its stubs type
+# as a bare Awaitable; a NOBLOCK call's is done at once, so it is read without awaiting.
+Sent: TypeAlias = asyncio.Future["zmq.MessageTracker | None"]
+Received: TypeAlias = asyncio.Future[bytes]
+ReceivedParts: TypeAlias = asyncio.Future[list[bytes]]
 DRAIN_MAX = 255  # messages read per wake-up beyond the first
 WATCH_S = 1.0  # the longest a closed connection goes unnoticed
 SEND_POLL_MS = 100  # while a send waits for the connection: how often a refusal is checked
@@ -50,7 +55,7 @@ class AsyncClient:
     ) -> None:
         self.address = address or addresses().client
         self.timeout_s = timeout_s
-        self._ctx = zmq.asyncio.Context.instance()
+        self._ctx: zmq.asyncio.Context = zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, CLIENT_FRAME_BYTES)
@@ -114,7 +119,7 @@ class AsyncClient:
         """Ask the router to stop ``request_id`` (idempotent). Sends without awaiting, so
         it also works from cleanup code running inside a cancelled task."""
         try:
-            sent = self._sock.send(p.encode(p.Cancel(request_id)), zmq.NOBLOCK)
+            sent = cast(Sent, self._sock.send(p.encode(p.Cancel(request_id)), zmq.NOBLOCK))
         except zmq.ZMQError:  # socket closed: nothing left to cancel through
             return
         # A full queue fails the future (EAGAIN); read its outcome so asyncio does not warn.
@@ -134,7 +139,7 @@ class AsyncClient:
 
     async def _run(
         self, prompt: str | None, kwargs: dict, out: dict, accepted: bool = False
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         """Deltas of one request (and its Accepted first, with ``accepted``)."""
         kwargs.setdefault("stream", True)
         submit = make_submit(prompt, **kwargs)
@@ -189,9 +194,9 @@ class AsyncClient:
     def _events(self, lost: bool) -> None:
         """Read the monitor's waiting events: a refused handshake fails every box and
         the client for good; a close (``lost``) fails the open requests."""
-        while self._monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            frames = self._monitor.recv_multipart(zmq.NOBLOCK).result()
-            kind = self._link.read(frames)
+        while cast(int, self._monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            frames = cast(ReceivedParts, self._monitor.recv_multipart(zmq.NOBLOCK))
+            kind = self._link.read(frames.result())
             refused = self._link.refused
             if kind == REFUSED and refused is not None:
                 stop_retrying(self._sock, self.address)
@@ -199,10 +204,10 @@ class AsyncClient:
             elif kind == LOST and lost:
                 self._fail_all(p.ROUTER_LOST, "the connection to the router closed")
 
-    def _fail_all(self, code: str, message: str, with_status: bool = False) -> None:
+    def _fail_all(self, code: p.ErrorCode, message: str, with_status: bool = False) -> None:
         for rid, box in self._boxes.items():
             if rid is not None or with_status:
-                box.put_nowait(p.Error(code, message, rid))  # type: ignore[arg-type]
+                box.put_nowait(p.Error(code, message, rid))
 
     async def _send(self, frame: bytes) -> None:
         """Send once the connection takes it: at once on a refused handshake, and
@@ -212,7 +217,7 @@ class AsyncClient:
         while True:
             if self._link.refused is not None:
                 raise HandshakeRefused(self._link.refused.message)
-            failed = self._sock.send(frame, zmq.NOBLOCK).exception()
+            failed = cast(Sent, self._sock.send(frame, zmq.NOBLOCK)).exception()
             if failed is None:
                 return
             if not isinstance(failed, zmq.Again):  # e.g. the socket is closed
@@ -222,7 +227,8 @@ class AsyncClient:
                     f"the connection to the router at {self.address} took no message "
                     f"for {self.timeout_s}s (the router is away or does not read)"
                 )
-            await self._sock.poll(SEND_POLL_MS, zmq.POLLOUT)
+            # pyzmq 27's stub gives this socket the Poller's poll(timeout); it takes flags
+            await self._sock.poll(SEND_POLL_MS, zmq.POLLOUT)  # type: ignore[call-arg]
 
     async def _get(self, box: asyncio.Queue[p.Message], rid: str | None) -> p.Message:
         """The box's next message; RouterUnavailable once the connection has been
@@ -255,7 +261,7 @@ class AsyncClient:
             # machinery (its cost per message is most of this client's CPU per token).
             for _ in range(DRAIN_MAX):
                 try:
-                    frames.append(self._sock.recv(zmq.NOBLOCK).result())
+                    frames.append(cast(Received, self._sock.recv(zmq.NOBLOCK)).result())
                 except zmq.Again:
                     break
             for frame in frames:

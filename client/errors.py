@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from tandem.common import protocol as p
 
-HANDSHAKE_REFUSED = "handshake_refused"  # client side only, like "timeout"
-ROUTER_UNAVAILABLE = "router_unavailable"  # client side only: no router at the address
+HANDSHAKE_REFUSED = p.ErrorCode.HANDSHAKE_REFUSED  # client side only, like ROUTER_LOST
+ROUTER_UNAVAILABLE = p.ErrorCode.ROUTER_UNAVAILABLE  # client side only: no router there
 
 
 class TandemError(Exception):
     """A request failed; ``code`` is the protocol error code."""
 
-    code = "error"
+    code: str = "error"  # an ErrorCode, or "timeout" / "error" (the library's own)
 
     def __init__(
         self,

@@ -245,5 +245,5 @@ class Client:
         else:  # the connection opened: nothing failed
             return
         for rid in waiting:
-            self._mail[rid].append(p.Error(code, why, rid))  # type: ignore[arg-type]
+            self._mail[rid].append(p.Error(code, why, rid))
         self._open.clear()

@@ -32,13 +32,14 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+from typing import TypeVar
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from tandem.client.errors import HandshakeRefused, RouterUnavailable
 
-REFUSALS = {
+REFUSALS: dict[int, str] = {  # by the monitor's event number
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "our key is not one it accepts",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "one side uses keys and the other does not",
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: (
@@ -48,14 +49,15 @@ REFUSALS = {
 EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | sum(REFUSALS)
 NO_ROUTER_S = 1.0  # a call that sees no connection this long: no router at the address
 LOST, REFUSED = "lost", "refused"  # what an event did to the connection (``Link.read``)
+SocketT = TypeVar("SocketT", bound=zmq.Socket)  # a plain or an asyncio socket
 
 
-def attach(sock: zmq.Socket) -> zmq.Socket:
+def attach(sock: SocketT) -> SocketT:
     """A monitor of ``sock`` for EVENTS with an unbounded queue; call before connect.
     For an asyncio socket the monitor is an asyncio socket too."""
     address = f"inproc://tandem-client-monitor-{uuid.uuid4().hex}"
     sock.monitor(address, EVENTS)
-    monitor = sock.context.socket(zmq.PAIR)
+    monitor: SocketT = sock.context.socket(zmq.PAIR)
     monitor.setsockopt(zmq.RCVHWM, 0)  # before connect: the pipe takes its limit then
     monitor.setsockopt(zmq.LINGER, 0)
     monitor.connect(address)

@@ -24,6 +24,8 @@ class ErrorCode(StrEnum):
     INTERNAL = "internal"  # the router hit a bug handling the request
     OVERLOADED = "overloaded"  # admission is full: retry after Error.retry_after_s
     ROUTER_LOST = "router_lost"  # client side: the connection to the router dropped
+    HANDSHAKE_REFUSED = "handshake_refused"  # client side: the router refused our keys
+    ROUTER_UNAVAILABLE = "router_unavailable"  # client side: no router at the address
 
 
 @dataclass(frozen=True)
