@@ -90,6 +90,7 @@ class Assembly:
     token_ids: list[int] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
     result: Result | None = None
+    logprobs: list[p.TokenLogprob] | None = None  # when the request asked for them
 
     def apply(self, msg: p.Message) -> Delta | None:
         """Update from one message; returns a Delta for token messages, raises on Error."""
@@ -98,7 +99,9 @@ class Assembly:
         elif isinstance(msg, p.TokenDelta):
             self.token_ids.extend(msg.token_ids)
             self.text.append(msg.text)
-            return Delta(list(msg.token_ids), msg.text)
+            if msg.logprobs is not None:
+                self.logprobs = (self.logprobs or []) + msg.logprobs
+            return Delta(list(msg.token_ids), msg.text, msg.logprobs)
         elif isinstance(msg, p.Done):
             self.result = Result(
                 self.request_id,
@@ -107,6 +110,7 @@ class Assembly:
                 msg.finish_reason,
                 msg.stats,
                 msg.stats.get("worker") or self.worker,  # the last one, if it migrated
+                self.logprobs,
             )
         elif isinstance(msg, p.Error):
             raise from_error(msg)

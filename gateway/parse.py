@@ -1,10 +1,11 @@
 """OpenAI request bodies -> the options of one tandem Submit, or a 400 saying what is wrong.
 
 Checked by hand rather than by a schema library, so every refusal names its field
-in OpenAI's error shape. Unknown fields are ignored, as OpenAI does; fields tandem
-cannot honour (several choices, logprobs, tools) are refused instead of silently
-dropped. tandem's own extras: ``top_k``, ``ignore_eos`` and ``worker`` (a worker id
-or device label to pin the request to).
+in OpenAI's error shape. Every field is honoured, ignored for a documented reason,
+or refused (gateway/fields.py, docs/OPENAI.md): an unknown field is a 400, never
+silently dropped. The sampling fields beyond the basics map in gateway/sampling.py.
+tandem's own extras: ``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``
+and ``worker`` (a worker id or device label to pin the request to).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 from tandem.client.errors import BadRequest
 from tandem.client.session import make_submit
 from tandem.gateway.errors import ApiError
+from tandem.gateway.fields import check_fields
+from tandem.gateway.sampling import OPENAI_PARAM, sampling_options
 
 log = logging.getLogger(__name__)
 # A JSON escape of a UTF-16 surrogate: the only way a lone one gets into decoded text.
@@ -81,20 +84,23 @@ def _param(field: str | None, raw: bytes) -> str | None:
         return None
     if field.startswith("tokens"):
         return "prompt"
+    field = field.split("[")[0]  # logit_bias[...]: the field, not its entry
+    if field == "logprobs" and b'"top_logprobs"' in raw:
+        return "top_logprobs"
     if field == "max_tokens" and b'"max_completion_tokens"' in raw:
         return "max_completion_tokens"
-    return field
+    return OPENAI_PARAM.get(field, field)
 
 
 def parse_chat(body: Any, default_max_tokens: int) -> Generation:
     """A ``POST /v1/chat/completions`` body."""
     body = _object(body)
+    check_fields(body, chat=True)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError.bad("messages must be a non-empty list", "messages")
     options = {"messages": [_message(m, i) for i, m in enumerate(messages)]}
-    _refuse(body, ("tools", "functions"), "tool calling is not supported")
-    _refuse(body, ("logprobs", "top_logprobs"), "logprobs are not supported")
+    options |= sampling_options(body, chat=True)
     max_tokens = _int(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", 1)
@@ -104,10 +110,8 @@ def parse_chat(body: Any, default_max_tokens: int) -> Generation:
 def parse_completion(body: Any, default_max_tokens: int) -> Generation:
     """A ``POST /v1/completions`` body: one prompt, as text or token ids."""
     body = _object(body)
-    options = _prompt(body.get("prompt"))
-    _refuse(body, ("logprobs", "suffix"), "logprobs and suffix are not supported")
-    if body.get("echo"):
-        raise ApiError.bad("echo is not supported", "echo")
+    check_fields(body, chat=False)
+    options = _prompt(body.get("prompt")) | sampling_options(body, chat=False)
     if _int(body, "best_of", 1) not in (None, 1):
         raise ApiError.bad("best_of must be 1", "best_of")
     max_tokens = _int(body, "max_tokens", 1)
@@ -195,12 +199,6 @@ def _stop(stop: Any) -> list[str]:
     if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         return list(stop)
     raise ApiError.bad("stop must be a string or a list of strings", "stop")
-
-
-def _refuse(body: dict, names: tuple[str, ...], why: str) -> None:
-    for name in names:
-        if body.get(name):
-            raise ApiError.bad(why, name)
 
 
 def _is_int(x: Any) -> bool:

@@ -17,6 +17,8 @@ from tandem.common import protocol as p
 # tandem's finish reasons in OpenAI's vocabulary: an end-of-generation token is a stop.
 FINISH_REASONS = {"stop": "stop", "eos": "stop", "length": "length"}
 DONE_EVENT = b"data: [DONE]\n\n"
+# OpenAI's logprob for a token the model rules out: JSON has no -infinity.
+LOGPROB_FLOOR = -9999.0
 
 
 def usage(stats: dict[str, Any]) -> dict[str, Any]:
@@ -35,23 +37,22 @@ def finish_reason(reason: str) -> str:
     return FINISH_REASONS.get(reason, reason)
 
 
+def _floored(logprob: float) -> float:
+    return max(logprob, LOGPROB_FLOOR)
+
+
+def _chat_token(piece: str, logprob: float) -> dict[str, Any]:
+    return {"token": piece, "logprob": _floored(logprob), "bytes": list(piece.encode())}
+
+
 def chat_logprobs(lps: list[p.TokenLogprob]) -> dict[str, Any]:
     """OpenAI's chat ``choices[].logprobs`` for these tokens (a whole answer's or one
     chunk's). ``bytes``: the UTF-8 of the token's text as the worker decoded it."""
-    return {
-        "content": [
-            {
-                "token": t.token,
-                "logprob": t.logprob,
-                "bytes": list(t.token.encode()),
-                "top_logprobs": [
-                    {"token": s, "logprob": lp, "bytes": list(s.encode())} for _, s, lp in t.top
-                ],
-            }
-            for t in lps
-        ],
-        "refusal": None,
-    }
+    content = []
+    for t in lps:
+        tops = [_chat_token(s, x) for _, s, x in t.top]
+        content.append({**_chat_token(t.token, t.logprob), "top_logprobs": tops})
+    return {"content": content, "refusal": None}
 
 
 def completion_logprobs(lps: list[p.TokenLogprob], offset: int = 0) -> dict[str, Any]:
@@ -64,8 +65,8 @@ def completion_logprobs(lps: list[p.TokenLogprob], offset: int = 0) -> dict[str,
         offset += len(t.token)
     return {
         "tokens": [t.token for t in lps],
-        "token_logprobs": [t.logprob for t in lps],
-        "top_logprobs": [{s: lp for _, s, lp in t.top} for t in lps],
+        "token_logprobs": [_floored(t.logprob) for t in lps],
+        "top_logprobs": [{s: _floored(x) for _, s, x in t.top} for t in lps],
         "text_offset": offsets,
     }
 

@@ -42,7 +42,6 @@ def test_chat_maps_openai_fields_onto_submit_options():
             "stream": True,
             "stream_options": {"include_usage": True},
             "user": "ignored",
-            "frobnicate": 1,  # unknown: ignored, as OpenAI does
             "top_k": 4,
             "ignore_eos": True,
             "worker": "gpu",
@@ -84,7 +83,8 @@ def test_completion_prompt_forms():
         ({"messages": USER, "stop": [1]}, "stop"),
         ({"messages": USER, "stream": "yes"}, "stream"),
         ({"messages": USER, "tools": [{"type": "function"}]}, "tools"),
-        ({"messages": USER, "logprobs": True}, "logprobs"),
+        ({"messages": USER, "top_logprobs": 2}, "top_logprobs"),  # without logprobs
+        ({"messages": USER, "frobnicate": 1}, "frobnicate"),  # unknown: never dropped
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0]"),
         (
