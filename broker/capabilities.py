@@ -31,11 +31,17 @@ def capable_ids(workers: Iterable[WorkerState], needs: frozenset[str]) -> set[st
 def excluded(workers: Iterable[WorkerState], needs: frozenset[str]) -> dict[str, str]:
     """Why each worker that cannot serve ``needs`` was passed over (the decision log's
     ``excluded``): ``{worker id: "lacks json_schema, logprobs"}``."""
+    return exclusions({w.id: w.info.capabilities for w in workers}, needs)
+
+
+def exclusions(capabilities: dict[str, Iterable[str]], needs: Iterable[str]) -> dict[str, str]:
+    """``excluded`` from plain data: each worker id's capabilities (``tandem route
+    explain`` reads them from a state file)."""
     out = {}
-    for w in workers:
-        missing = lacks(w, needs)
+    for wid, has in capabilities.items():
+        missing = sorted(set(needs).difference(has))
         if missing:
-            out[w.id] = "lacks " + ", ".join(missing)
+            out[wid] = "lacks " + ", ".join(missing)
     return out
 
 

@@ -35,9 +35,11 @@ def route() -> None:
 def explain(state_file: Any, policy: str, as_json: bool) -> None:
     """Score the request and workers of STATE_FILE (JSON) as the router would.
 
-    STATE_FILE: {"request": {"prompt_tokens", "max_tokens"}, "workers": [{"id",
-    "prefill_rate", "decode_rate" (tok/s, or a list by batch size), "cached_tokens",
-    "active": [{"prefill_remaining", "decode_remaining"}], "queued": [...]}]}.
+    STATE_FILE: {"request": {"prompt_tokens", "max_tokens", "needs"?: [capability]},
+    "workers": [{"id", "prefill_rate", "decode_rate" (tok/s, or a list by batch size),
+    "cached_tokens", "capabilities"?: [...], "active": [{"prefill_remaining",
+    "decode_remaining"}], "queued": [...]}]}. A worker without a capability the request
+    needs is excluded before scoring, as the router does.
     """
     from tandem.broker.policies import NoCandidate, parse_policy
     from tandem.broker.policies.cost import phase_terms
@@ -46,12 +48,17 @@ def explain(state_file: Any, policy: str, as_json: bool) -> None:
     try:
         state = json.load(state_file)
         req, views = state_from_json(state)
+        excluded = _excluded(state)
+        views = [v for v in views if v.id not in excluded]
         chooser = parse_policy(policy)
+        if not views:
+            raise ValueError(f"no worker has what the request needs: {excluded}")
         decision = chooser.choose(req, views)  # the router's live path calls the same
     except (json.JSONDecodeError, ValueError, NoCandidate) as exc:
         raise click.UsageError(f"{state_file.name}: {exc}") from None
     if as_json:
-        click.echo(json.dumps({"choice": decision.worker_id, "scores": decision.scores}))
+        out: dict[str, Any] = {"choice": decision.worker_id, "scores": decision.scores}
+        click.echo(json.dumps(out | ({"excluded": excluded} if excluded else {})))
         return
     rows = []
     for v in views:
@@ -69,7 +76,19 @@ def explain(state_file: Any, policy: str, as_json: bool) -> None:
         f"request: {req.prompt_tokens} prompt tokens, max_tokens {req.max_tokens}; "
         f"policy {chooser.name}; choice {decision.worker_id} (*)"
     )
-    click.echo(head + "\n" + render(headers, rows), err=True)
+    why = [f"excluded {wid}: {reason}" for wid, reason in excluded.items()]
+    click.echo("\n".join([head, render(headers, rows), *why]), err=True)
+
+
+def _excluded(state: dict[str, Any]) -> dict[str, str]:
+    """The workers of a STATE document that lack a capability its request needs."""
+    from tandem.broker.capabilities import exclusions
+
+    needs = state["request"].get("needs") or []
+    if not isinstance(needs, list):
+        raise ValueError("request.needs must be a list of capabilities")
+    caps = {str(w["id"]): w.get("capabilities") or [] for w in state["workers"]}
+    return exclusions(caps, needs) if needs else {}
 
 
 # ------------------------------------------------------------ decisions
@@ -116,6 +135,9 @@ def decisions_table(records: list[dict[str, Any]]) -> str:
                 + [_score(c.get("score"), bool(c.get("pruned")))]
             )
             lead = ["", "", "", ""]  # the decision's own columns only on its first row
+        for wid, reason in (r.get("excluded") or {}).items():  # lacked what it needs
+            rows.append(lead + [wid, "", "", "", "", "", "", "", f"excluded: {reason}"])
+            lead = ["", "", "", ""]
     headers = ["time_s", "request", "policy", "prompt/max", "worker", "act", "que", "cached"]
     headers += ["P", "D", "prefill/s", "decode/s", "score"]
     return f"{len(records)} decision(s) from {first}; * = choice\n" + render(headers, rows)

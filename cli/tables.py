@@ -43,21 +43,39 @@ def workers_table(reply: p.StatusReply) -> str:
             w.get("priced_prefill_tok_s", w["prefill_tok_s"]),
             w["routed_total"],
             w["last_seen_s"],
+            capabilities_cell(w),
         ]
         for w in reply.workers
     ]
     headers = ["worker", "backend", "device", "active", "queued", "kv", "blocks",
                "cache device +host", "prefill/s profile", "live", "priced", "routed",
-               "seen_s_ago"]  # fmt: skip
+               "seen_s_ago", "caps"]  # fmt: skip
     notes = [
         f"* {w['id']}: {PROVISIONAL}; {w.get('live_steps', 0)} served decode steps so far"
         for w in reply.workers
         if w.get("provisional")
     ]
+    notes.append(CAPABILITIES_LEGEND)
     return "\n".join([head, render(headers, rows), *notes, "", rates_table(reply.workers)])
 
 
 PROVISIONAL = "provisional: priced on start-up rates its served steps have not yet borne out"
+# What a worker serves beyond plain sampling (Ready.capabilities), one letter each in
+# a fixed place, so the column stays short: "PBML-" serves all but json_schema.
+CAPABILITY_LETTERS = {
+    p.Capability.PENALTIES: "P",
+    p.Capability.LOGIT_BIAS: "B",
+    p.Capability.MIN_P: "M",
+    p.Capability.LOGPROBS: "L",
+    p.Capability.JSON_SCHEMA: "J",
+}
+CAPABILITIES_LEGEND = "caps: " + ", ".join(f"{x} {c}" for c, x in CAPABILITY_LETTERS.items())
+
+
+def capabilities_cell(w: dict[str, Any]) -> str:
+    """A status row's capabilities as CAPABILITY_LETTERS, "-" for each one it lacks."""
+    has = set(w.get("capabilities") or ())
+    return "".join(x if c in has else "-" for c, x in CAPABILITY_LETTERS.items())
 
 
 def cache_cell(w: dict[str, Any]) -> str:

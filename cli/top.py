@@ -25,7 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tandem.cli.options import client_addr, keys_option
-from tandem.cli.tables import cache_cell, worker_label
+from tandem.cli.tables import CAPABILITIES_LEGEND, cache_cell, capabilities_cell, worker_label
 from tandem.common import protocol as p
 
 DECISIONS_SHOWN = 8
@@ -70,11 +70,14 @@ def render(st: p.StatusReply | None, rates: Rates, address: str, error: str = ""
 def workers_table(rows: list[dict[str, Any]]) -> Table:
     """Rates read "advertised (priced)" tok/s; decode is at batch 1."""
     t = Table(
-        title="workers  (rates: advertised (priced) tok/s; * provisional)", title_justify="left"
+        title="workers  (rates: advertised (priced) tok/s; * provisional)",
+        title_justify="left",
+        caption=CAPABILITIES_LEGEND,
+        caption_justify="left",
     )
     for col in ("worker", "device", "act", "queue", "infl", "routed", "KV", "blocks", "cache"):
         t.add_column(col, justify="left" if col in ("worker", "device") else "right")
-    for col in ("prefill", "decode", "seen"):
+    for col in ("prefill", "decode", "seen", "caps"):
         t.add_column(col, justify="right", no_wrap=True)
     for w in rows:
         cap = w.get("kv_capacity_tokens") or 0
@@ -91,9 +94,10 @@ def workers_table(rows: list[dict[str, Any]]) -> Table:
             _rate(w["prefill_tok_s"], w.get("priced_prefill_tok_s")),
             _rate(_first(w["decode_tok_s"]), _first(w.get("priced_decode_tok_s"))),
             f"{w['last_seen_s']:.1f}s",
+            capabilities_cell(w),
         )
     if not rows:
-        t.add_row("(no worker registered)", *[""] * 11)
+        t.add_row("(no worker registered)", *[""] * 12)
     return t
 
 

@@ -5,6 +5,7 @@ missing, at once. Through the live router loop on inproc sockets (tests/helpers.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +90,51 @@ def test_status_shows_each_workers_capabilities(h: Harness):
     h.add_worker("full", SLOW, capabilities=ALL)
     rows = {w["id"]: w for w in h.core.status(0.0).workers}
     assert rows["plain"]["capabilities"] == [] and rows["full"]["capabilities"] == sorted(ALL)
+
+
+def test_status_and_top_show_capabilities_in_a_short_column(h: Harness):
+    from rich.console import Console
+
+    from tandem.cli import tables, top
+
+    h.add_worker("plain", FAST, capabilities=[])
+    h.add_worker("part", FAST, capabilities=["logprobs", "penalties"])
+    h.add_worker("full", SLOW, capabilities=ALL)
+    reply = h.core.status(0.0)
+    cells = {w["id"]: tables.capabilities_cell(w) for w in reply.workers}
+    assert cells == {"plain": "-----", "part": "P--L-", "full": "PBMLJ"}
+    text = tables.workers_table(reply)
+    assert "caps" in text and "P--L-" in text and "J json_schema" in text
+    console = Console(width=240, record=True)
+    console.print(top.workers_table(reply.workers))
+    shown = console.export_text()
+    assert "PBMLJ" in shown and "-----" in shown and "L logprobs" in shown
+
+
+def test_route_explain_and_the_decisions_table_say_who_was_excluded(h: Harness, tmp_path: Path):
+    from click.testing import CliRunner
+
+    from tandem.cli.main import main
+    from tandem.cli.route import decisions_table
+
+    worker = {"prefill_rate": 1000, "decode_rate": 50}
+    state = {
+        "request": {"prompt_tokens": 100, "max_tokens": 10, "needs": ["json_schema"]},
+        "workers": [
+            {"id": "fast", **worker, "decode_rate": 500, "capabilities": ["logprobs"]},
+            {"id": "slow", **worker, "capabilities": ["json_schema", "logprobs"]},
+        ],
+    }
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state))
+    out = CliRunner().invoke(main, ["route", "explain", str(path), "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout) | {"scores": None} == {
+        "choice": "slow", "scores": None, "excluded": {"fast": "lacks json_schema"}
+    }  # fmt: skip
+    table = CliRunner().invoke(main, ["route", "explain", str(path)])
+    assert "excluded fast: lacks json_schema" in table.stderr
+    h.add_worker("plain", FAST, capabilities=[])
+    h.add_worker("full", SLOW, capabilities=ALL)
+    send(h, "r0", logprobs=1)
+    assert "excluded: lacks logprobs" in decisions_table(h.decisions())
