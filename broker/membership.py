@@ -9,6 +9,7 @@ in reply is appended to ``out`` (broker/outgoing.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
 
 from tandem.broker.identity import foreign_frame, takeover_problem
 from tandem.broker.registry import WorkerState, ready_problem
@@ -52,9 +53,10 @@ class Membership(CoreState):
         if isinstance(msg, p.Heartbeat):
             self._heartbeat(w, msg, now)
         elif isinstance(msg, p.StepTokens):  # several requests' deltas in one frame
-            self.relay_tokens(w, msg.request_ids, msg.token_ids, msg.texts, now)
+            self.relay_tokens(w, msg.request_ids, msg.token_ids, msg.texts, now, msg.logprobs)
         elif isinstance(msg, p.TokenDelta):
-            self.relay_tokens(w, (msg.request_id,), (msg.token_ids,), (msg.text,), now)
+            lps = None if msg.logprobs is None else (msg.logprobs,)
+            self.relay_tokens(w, (msg.request_id,), (msg.token_ids,), (msg.text,), now, lps)
         elif isinstance(msg, p.Done | p.Error):
             self.relay(w, msg, now)
         elif isinstance(msg, p.Goodbye):
@@ -166,12 +168,15 @@ class Membership(CoreState):
         ids: Sequence[list[int]],
         texts: Sequence[str],
         now: float,
+        logprobs: Sequence[list[p.TokenLogprob] | None] | None = None,
     ) -> None:
-        """Token deltas from ``w`` (entry i: ``wids[i]``'s ``ids[i]`` and ``texts[i]``),
-        noted and held for their clients without a message object per delta (they
-        go out at ``drained``); what is per worker is done once per frame."""
+        """Token deltas from ``w`` (entry i: ``wids[i]``'s ``ids[i]`` and ``texts[i]``,
+        and its ``logprobs[i]`` when any request asked), noted and held for their
+        clients without a message object per delta (they go out at ``drained``); what
+        is per worker is done once per frame."""
         relayed, n_tokens, requests = 0, 0, self.requests
-        for wid, token_ids, text in zip(wids, ids, texts, strict=True):
+        lps = repeat(None, len(wids)) if logprobs is None else logprobs
+        for wid, token_ids, text, lp in zip(wids, ids, texts, lps, strict=True):
             req = requests.get(wid)
             if req is None:
                 continue  # e.g. a late token after a cancel: nothing to relay to
@@ -179,14 +184,14 @@ class Membership(CoreState):
                 log.warning("worker %s sent tokens for %s, assigned to %s: ignored",
                             w.id, wid, req.worker_id)  # fmt: skip
                 continue
-            req.on_tokens(token_ids, text, now)
+            req.on_tokens(token_ids, text, now, lp)
             relayed, n_tokens = relayed + 1, n_tokens + len(token_ids)
             routed = w.inflight.get(wid)
             if routed is not None:
                 routed.tokens_seen += len(token_ids)
                 w.progressed(wid)  # its decode budget shrank: recomputed at the next view
             if req.submit.stream:  # sent at the end of this drain, with any others of it
-                self.outbox.add(w, req, token_ids, text)
+                self.outbox.add(w, req, token_ids, text, lp)
         if relayed:
             self.liveness.on_output(w.id, now)
             # Counted once the tokens have left (settle), as the other metrics hooks.

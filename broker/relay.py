@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from tandem.broker.registry import WorkerState
 from tandem.broker.requests import ClientRequest
+from tandem.common import protocol as p
 
 
 @dataclass
@@ -26,6 +27,7 @@ class Pending:
     req: ClientRequest
     token_ids: list[int] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
+    logprobs: list[p.TokenLogprob] | None = None  # when the request asked for them
 
     @property
     def text(self) -> str:
@@ -38,13 +40,22 @@ class TokenOutbox:
     def __init__(self) -> None:
         self.pending: dict[str, Pending] = {}
 
-    def add(self, worker: WorkerState, req: ClientRequest, ids: list[int], text: str) -> None:
+    def add(
+        self,
+        worker: WorkerState,
+        req: ClientRequest,
+        ids: list[int],
+        text: str,
+        logprobs: list[p.TokenLogprob] | None = None,
+    ) -> None:
         wid = req.wid or ""
         entry = self.pending.get(wid)
         if entry is None:
             entry = self.pending[wid] = Pending(worker, req)
         entry.token_ids.extend(ids)
         entry.texts.append(text)
+        if logprobs is not None:  # relayed unchanged, joined as their tokens are
+            entry.logprobs = (entry.logprobs or []) + logprobs
 
     def pop(self, wid: str) -> Pending | None:
         """Take ``wid``'s pending tokens (to send them before its Done or Error)."""

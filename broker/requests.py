@@ -47,6 +47,7 @@ class ClientRequest:
     tokens: list[int] | None = None  # the prompt's ids, once tokenized
     output_ids: list[int] = field(default_factory=list)  # relayed so far (all workers)
     buffer_text: list[str] = field(default_factory=list)  # stream=False: held until done
+    buffer_logprobs: list[p.TokenLogprob] | None = None  # stream=False, when asked for
     lost_on: list[str] = field(default_factory=list)  # workers that died holding it
     migrated_tokens: int = 0  # output already produced when it last changed worker
     # ArrivalLog.record at its arrival: the clock times of the arrivals before it.
@@ -89,13 +90,21 @@ class ClientRequest:
         seed = None if s.seed is None else (s.seed + done) % SEED_SPACE
         return p.replace(s, max_tokens=s.max_tokens - done, seed=seed)
 
-    def on_tokens(self, token_ids: list[int], text: str, now: float) -> None:
+    def on_tokens(
+        self,
+        token_ids: list[int],
+        text: str,
+        now: float,
+        logprobs: list[p.TokenLogprob] | None = None,
+    ) -> None:
         """A delta relayed from its worker (``token_ids`` may be empty: held text)."""
         if not self.t_first and token_ids:
             self.t_first = now
         self.output_ids.extend(token_ids)
         if not self.submit.stream:
             self.buffer_text.append(text)
+            if logprobs is not None:
+                self.buffer_logprobs = (self.buffer_logprobs or []) + logprobs
 
     def final_stats(self, worker_stats: dict[str, Any], now: float, policy: str) -> dict[str, Any]:
         """Worker stats plus what only the router can measure (its clock, end to end)."""

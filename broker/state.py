@@ -126,14 +126,15 @@ class CoreState:
     def _send_tokens(self, pending: Pending) -> None:
         req = pending.req
         self._release_accept(req.wid or "")  # with its first tokens, in one frame
-        delta = p.TokenDelta(req.submit.request_id, pending.token_ids, pending.text)
+        delta = p.TokenDelta(req.submit.request_id, pending.token_ids, pending.text,
+                             pending.logprobs)  # fmt: skip
         self.out.to_client(req.client, delta)  # a client gone: client_gone
 
     def _send_buffered(self, req: ClientRequest) -> None:
         """stream=False: the whole output in one TokenDelta, just before the Done."""
         if not req.submit.stream and req.output_ids:
             text = "".join(req.buffer_text)
-            delta = p.TokenDelta(req.submit.request_id, req.output_ids, text)
+            delta = p.TokenDelta(req.submit.request_id, req.output_ids, text, req.buffer_logprobs)
             self.out.to_client(req.client, delta)
 
     def _finish_migrated(self, req: ClientRequest, now: float) -> None:

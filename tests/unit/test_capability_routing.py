@@ -138,3 +138,25 @@ def test_route_explain_and_the_decisions_table_say_who_was_excluded(h: Harness, 
     h.add_worker("full", SLOW, capabilities=ALL)
     send(h, "r0", logprobs=1)
     assert "excluded: lacks logprobs" in decisions_table(h.decisions())
+
+
+def test_logprobs_are_relayed_unchanged_streamed_or_not(h: Harness):
+    h.add_worker("full", SLOW, capabilities=ALL)
+    a = p.TokenLogprob(7, "a", -0.5, [(7, "a", -0.5), (8, "b", -1.0)])
+    b = p.TokenLogprob(8, "b", float("-inf"), [(7, "a", -0.1), (8, "b", float("-inf"))])
+    got = {}
+    for rid, stream in (("s", True), ("n", False)):
+        sub = p.Submit(rid, tokens=PROMPT, sampling=p.SamplingParams(8, logprobs=2), stream=stream)
+        h.client.send(sub)
+        h.pump()
+        wid = h.assigned("full").request_id
+        worker = h.workers["full"]
+        worker.send(p.StepTokens([wid], [[7]], ["a"], [[a]]))  # a step's frame
+        worker.send(p.TokenDelta(wid, [8], "b", [b]))  # a lone delta
+        worker.send(p.Done(wid, p.FinishReason.LENGTH))
+        h.pump()
+        msgs = [h.recv(h.client)]
+        while not isinstance(msgs[-1], p.Done):
+            msgs.append(h.recv(h.client))
+        got[rid] = [x for m in msgs if isinstance(m, p.TokenDelta) for x in m.logprobs or []]
+    assert got == {"s": [a, b], "n": [a, b]}
