@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from tandem.common.validation import MAX_TOKEN_ID
 from tandem.gateway.errors import ApiError
 
 # json_object asks for any JSON object: the schema every worker's grammar gets for it.
@@ -48,8 +49,10 @@ def logit_bias(raw: Any) -> dict[int, float] | None:
         raise ApiError.bad("logit_bias must be an object of token id -> bias", "logit_bias")
     out = {}
     for key, bias in raw.items():
-        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()) or len(key) > 10:
             raise ApiError.bad(f"logit_bias keys must be token ids, not {key!r}", "logit_bias")
+        if int(key) > MAX_TOKEN_ID:
+            raise ApiError.bad(f"logit_bias: no token has id {key}", "logit_bias")
         if isinstance(bias, bool) or not isinstance(bias, int | float):
             raise ApiError.bad(f"logit_bias[{key!r}] must be a number", "logit_bias")
         out[int(key)] = float(bias)

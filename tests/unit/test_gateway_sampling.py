@@ -66,6 +66,8 @@ def test_fields_map_onto_sampling_params():
         ({"logit_bias": {"tok": 1}}, True, "logit_bias"),
         ({"logit_bias": {"-5": 1}}, True, "logit_bias"),
         ({"logit_bias": {"5": "x"}}, False, "logit_bias"),
+        ({"logit_bias": {"99999999999": 1}}, True, "logit_bias"),
+        ({"logit_bias": {"9" * 5000: 1}}, True, "logit_bias"),
         ({"logprobs": 2}, True, "logprobs"),  # chat's is a boolean
         ({"logprobs": True}, False, "logprobs"),  # completions' is a number
         ({"top_logprobs": 2}, True, "top_logprobs"),  # without logprobs: true
