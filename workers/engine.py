@@ -24,7 +24,13 @@ from tandem.common.tokenizer import TokenizerSpec
 from tandem.workers.config import EngineConfig
 from tandem.workers.host_cache import make_cache, restored
 from tandem.workers.prefix_cache import Match
-from tandem.workers.request import Request, Status, decode_context
+from tandem.workers.request import (
+    Request,
+    Status,
+    decode_context,
+    sampling_problem,
+    wire_logprob,
+)
 from tandem.workers.steptimer import StepTimer
 
 log = logging.getLogger(__name__)
@@ -44,6 +50,10 @@ class Backend(Protocol):
     n_ctx: int  # KV cells shared by all sequences
     vocab_size: int
     tokenizer_spec: TokenizerSpec
+    # The sampling capabilities it serves (protocol.Capability values, Ready.capabilities);
+    # it may also define ``problem(req) -> str | None``: why it cannot serve a request
+    # (checked on arrival, so that ``begin`` never meets one).
+    capabilities: tuple[str, ...]
 
     def begin(self, req: Request, match: Match) -> None:
         """Give ``req`` a slot whose KV starts with ``match.n_tokens`` cached tokens."""
@@ -292,7 +302,12 @@ class Engine:
             return
         req.output.append(token)
         text = req.text.feed(self.backend.piece(token))
-        self.emit(p.TokenDelta(req.id, [token], text))
+        lp, req.token_logprobs = req.token_logprobs, None
+        if lp is None:
+            self.emit(p.TokenDelta(req.id, [token], text))
+        else:
+            logprobs = [wire_logprob(token, lp, self.backend.piece)]
+            self.emit(p.TokenDelta(req.id, [token], text, logprobs=logprobs))
         if req.text.stopped:
             self.finish(req, FinishReason.STOP)
         elif len(req.output) >= req.max_tokens:
@@ -304,6 +319,7 @@ class Engine:
         if any(t < 0 or t >= self.backend.vocab_size for t in req.prompt):
             return p.Problem.bad_request("token id out of the model's vocabulary")
         problem = req.sampling.problem(self.cfg.max_tokens_limit)
+        problem = problem or sampling_problem(req, self.backend)
         if problem:
             return problem
         if self._reservation(req) > self.backend.n_ctx:

@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 import uuid
+from typing import Any
 
 import msgpack
 import zmq
@@ -83,7 +84,7 @@ class WorkerLink:
             push.setsockopt(zmq.SNDHWM, 0)  # unbounded: tokens are never dropped here
             push.connect(self._pipe_addr)
         if isinstance(msg, p.TokenDelta):  # fields only: the I/O thread frames them
-            kind, body = _TOK, msgpack.packb((msg.request_id, msg.token_ids, msg.text))
+            kind, body = _TOK, msgpack.packb(_delta_fields(msg))
         elif isinstance(msg, p.Heartbeat):  # a frame of its own (repeated as it is)
             kind, body = _HB, p.encode(msg)
         else:  # an entry of the batch the I/O thread sends
@@ -229,9 +230,9 @@ class Outgoing:
     def __init__(self, dealer: DealerSocket) -> None:
         self.dealer = dealer
         self.entries: list[bytes] = []  # packed by protocol.batch_entry
-        self.deltas: list[tuple[str, list[int], str]] = []
+        self.deltas: list[Delta] = []
 
-    def add_tokens(self, delta: tuple[str, list[int], str]) -> None:
+    def add_tokens(self, delta: Delta) -> None:
         self.deltas.append(delta)
         if len(self.deltas) >= MAX_COALESCED:
             self._close_deltas()
@@ -258,13 +259,37 @@ class Outgoing:
             self.entries = []
 
 
-def token_frame(deltas: list[tuple[str, list[int], str]]) -> p.TokenDelta | p.StepTokens:
-    """One frame for ``deltas`` (request id, token ids, text), in order: a TokenDelta
-    when there is one, else a StepTokens."""
+# A token delta between the threads: (request id, token ids, text), and its logprobs
+# as plain tuples (id, token, logprob, top) when the request asked for them.
+Delta = tuple[str, list[int], str] | tuple[str, list[int], str, list[list[Any]]]
+
+
+def _delta_fields(msg: p.TokenDelta) -> Delta:
+    if msg.logprobs is None:
+        return msg.request_id, msg.token_ids, msg.text
+    lps = [[e.id, e.token, e.logprob, e.top] for e in msg.logprobs]
+    return msg.request_id, msg.token_ids, msg.text, lps
+
+
+def _logprobs(delta: Delta) -> list[p.TokenLogprob] | None:
+    if len(delta) < 4:
+        return None
+    return [
+        p.TokenLogprob(id=i, token=t, logprob=v, top=[tuple(x) for x in top])
+        for i, t, v, top in delta[3]
+    ]
+
+
+def token_frame(deltas: list[Delta]) -> p.TokenDelta | p.StepTokens:
+    """One frame for ``deltas`` (request id, token ids, text[, logprobs]), in order: a
+    TokenDelta when there is one, else a StepTokens (its logprobs None when no delta
+    has any)."""
+    lps = [_logprobs(d) for d in deltas]
     if len(deltas) == 1:
-        return p.TokenDelta(*deltas[0])
-    rids, ids, texts = (list(x) for x in zip(*deltas, strict=True))
-    return p.StepTokens(rids, ids, texts)
+        return p.TokenDelta(*deltas[0][:3], logprobs=lps[0])
+    rids, ids, texts = (list(x) for x in zip(*(d[:3] for d in deltas), strict=True))
+    asked = any(lp is not None for lp in lps)
+    return p.StepTokens(rids, ids, texts, logprobs=lps if asked else None)
 
 
 def start_link(link: WorkerLink, stop: threading.Event) -> threading.Thread:

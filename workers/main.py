@@ -133,6 +133,7 @@ def _stop_within(stop: threading.Event, grace_s: float) -> None:
     """
     if stop.is_set():
         return
+        capabilities=list(backend.capabilities),  # what the router may route here
     stop.set()
 
     def hard_exit() -> None:

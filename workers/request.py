@@ -11,10 +11,21 @@ from __future__ import annotations
 import codecs
 import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from tandem.common import protocol as p
 from tandem.common.protocol import Assign, FinishReason, RequestRow, SamplingParams
+
+
+class TokenLogprobs(NamedTuple):
+    """A sampled token's log-probability and the top alternatives', as a backend
+    computes them (the engine adds the pieces and sends them as TokenLogprob)."""
+
+    logprob: float
+    top_ids: list[int]  # likeliest first
+    top_logprobs: list[float]
 
 
 class Status(enum.Enum):
@@ -38,6 +49,7 @@ class Request:
     resumed: int = 0  # a migrated stream: the prompt's last ``resumed`` ids were output before
     slot: Any = None  # backend handle while active (llama.cpp seq id, MLX cache)
     sampler: Any = None  # backend sampler state
+    token_logprobs: TokenLogprobs | None = None  # the newest token's, when the request asked
     t_arrive: float = field(default_factory=time.monotonic)
     t_admit: float = 0.0
     t_first: float = 0.0
@@ -151,6 +163,32 @@ class TextStream:
                     best = n
                     break
         return best
+
+
+def sampling_problem(req: Request, backend: Any) -> p.Problem | None:
+    """What ``backend`` cannot do of what ``req`` asks: the router routes by
+    capabilities, and this keeps a request that got here anyway from being served
+    without them. A backend may define ``problem(req) -> str | None`` for its own
+    checks (a json_schema its grammar engine cannot take)."""
+    s = req.sampling
+    missing = s.needs() - set(getattr(backend, "capabilities", ()))
+    if missing:
+        return p.Problem.bad_request(f"this worker cannot serve {', '.join(sorted(missing))}")
+    if any(not 0 <= t < backend.vocab_size for t in s.logit_bias):
+        return p.Problem.bad_request("logit_bias names a token id out of the vocabulary")
+    check = getattr(backend, "problem", None)
+    message = check(req) if check is not None else None
+    return p.Problem.bad_request(message) if message else None
+
+
+def wire_logprob(token: int, lp: TokenLogprobs, piece: Callable[[int], bytes]) -> p.TokenLogprob:
+    """The wire's entry for a sampled token, its text pieces decoded leniently."""
+
+    def text(t: int) -> str:
+        return piece(t).decode(errors="replace")
+
+    top = [(t, text(t), v) for t, v in zip(lp.top_ids, lp.top_logprobs, strict=True)]
+    return p.TokenLogprob(id=token, token=text(token), logprob=lp.logprob, top=top)
 
 
 def decode_context(decode: list[Request]) -> int:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import random
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +20,7 @@ import llama_cpp as L
 
 from tandem.common.gguf_file import weights_digest
 from tandem.common.tokenizer import TokenizerSpec, tokenizer_spec_from_gguf
-from tandem.workers.backends import llama_state
+from tandem.workers.backends import llama_sampling, llama_state
 from tandem.workers.backends.llama_params import placement
 from tandem.workers.engine import KVFull
 from tandem.workers.prefix_cache import Match
@@ -54,6 +53,7 @@ class LlamaBackend:
     """A llama.cpp model + context serving up to ``max_active`` sequences at once."""
 
     name = "llama.cpp"
+    capabilities = llama_sampling.CAPABILITIES
 
     @classmethod
     def from_config(cls, cfg: WorkerConfig, model: Path) -> LlamaBackend:
@@ -117,18 +117,18 @@ class LlamaBackend:
 
     # ------------------------------------------------------------ slots
     def begin(self, req: Request, match: Match) -> None:
+        chain = llama_sampling.build_chain(req, self.vocab, self.vocab_size, self.n_ctx)
         seq = self.free_seqs.pop()
         L.llama_memory_seq_rm(self.mem, seq, -1, -1)
         if match.entry is not None and match.n_tokens > 0:
             # Shares the cached cells (unified KV): no prefill, no copy.
             L.llama_memory_seq_cp(self.mem, match.entry.handle, seq, 0, match.n_tokens)
         req.slot = seq
-        req.sampler = self._sampler(req)
+        req.sampler = chain
 
     def end(self, req: Request) -> int:
-        if req.sampler is not None:
-            L.llama_sampler_free(req.sampler)
-            req.sampler = None
+        llama_sampling.free_chain(req.sampler)
+        req.sampler = None
         seq, req.slot = req.slot, None
         return seq
 
@@ -163,7 +163,7 @@ class LlamaBackend:
             raise KVFull()
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with {rc}")
-        return {r.id: L.llama_sampler_sample(r.sampler, self.ctx, i) for r, i in rows}
+        return {r.id: llama_sampling.sample(r, self.ctx, i, self.vocab_size) for r, i in rows}
 
     def _put(self, n: int, token: int, pos: int, seq: int, logits: bool) -> int:
         if n >= self.batch_cap:
@@ -174,19 +174,9 @@ class LlamaBackend:
         b.logits[n] = 1 if logits else 0
         return n + 1
 
-    def _sampler(self, req: Request):  # noqa: ANN202 - a ctypes pointer
-        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-        if req.sampling.temperature <= 0:
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
-            return chain
-        if req.sampling.top_k > 0:
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(req.sampling.top_k))
-        if req.sampling.top_p < 1.0:
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_p(req.sampling.top_p, 1))
-        L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(req.sampling.temperature))
-        seed = req.sampling.seed if req.sampling.seed is not None else random.getrandbits(32)
-        L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(seed))
-        return chain
+    def problem(self, req: Request) -> str | None:
+        """Why this backend cannot serve ``req``'s sampling, or None (engine._check)."""
+        return llama_sampling.request_problem(req, self.vocab)
 
     # ------------------------------------------------------------ tokens
     def piece(self, token: int) -> bytes:

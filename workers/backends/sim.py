@@ -172,6 +172,9 @@ class SimBackend:
     """The Backend interface of workers/engine.py, played back from a SimProfile."""
 
     name = "sim"
+    # Simulated tokens: it honours none of the sampling extras, so it advertises none
+    # and the router sends it no request that asks for one.
+    capabilities: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, cfg: WorkerConfig, model: Path) -> SimBackend:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import mlx.core as mx
 from mlx_lm.models import llama, qwen2
@@ -31,11 +31,13 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from tandem.common.tokenizer import TokenizerSpec, piece_table
 from tandem.workers.backends.mlx.arch.gemma import MAX_CONTEXT_KEY
-from tandem.workers.backends.mlx.batch import KV, DecodeBatch, Sampler, sample
+from tandem.workers.backends.mlx.batch import KV, DecodeBatch
+from tandem.workers.backends.mlx.logits import RowLogprobs
 from tandem.workers.backends.mlx.model import WEIGHTS_KEY
+from tandem.workers.backends.mlx.sampling import CAPABILITIES, RowState, Sampler, sample
 from tandem.workers.engine import KVFull
 from tandem.workers.prefix_cache import Match
-from tandem.workers.request import Request
+from tandem.workers.request import Request, TokenLogprobs
 
 log = logging.getLogger(__name__)
 
@@ -79,13 +81,15 @@ class _Pending:
     """A decode step queued ahead for the batch's rows, in row order."""
 
     tokens: mx.array
-    keys: list[mx.array | None]
+    states: list[RowState]
+    logprobs: RowLogprobs | None
 
 
 class MlxBackend:
     """An mlx-lm model serving the engine's batches on one MLX device."""
 
     name = "mlx"
+    capabilities = CAPABILITIES
     pipeline = True  # queue each decode step ahead (off: to measure what it buys)
 
     @classmethod
@@ -153,9 +157,7 @@ class MlxBackend:
             layers = match.entry.handle.layers  # type: ignore[union-attr]
             for c, (k, v) in zip(cache, layers, strict=True):
                 c.keys, c.values, c.offset = k[..., :n, :], v[..., :n, :], n
-        sampler = Sampler.create(
-            req.sampling.temperature, req.sampling.top_p, req.sampling.top_k, req.sampling.seed
-        )
+        sampler = Sampler.create(req.sampling, req.prompt, req.resumed, self.vocab_size)
         req.slot = slot = _Slot(req, cache, n, sampler)
         self._slots.append(slot)
 
@@ -197,23 +199,34 @@ class MlxBackend:
             rows: list[_Slot] = list(self._batch.rows) if decode else []
             if len(rows) != len(decode):
                 raise RuntimeError("decode requests and batch rows differ")
-            parts = [self._decode(rows)] if rows else []
+            parts: list[mx.array] = []
+            asked: list[tuple[list[Request], RowLogprobs]] = []  # logprobs, by part
+            if rows:
+                tokens, lps = self._decode(rows)
+                parts.append(tokens)
+                if lps is not None:
+                    asked.append(([s.req for s in rows], lps))
             owners = [s.req.id for s in rows]
             kv_written: list[mx.array] = []
             for r, n in prefill:
-                token = self._prefill(r, n)
+                token, lps = self._prefill(r, n)
                 kv_written += [a for c in r.slot.cache for a in (c.keys, c.values)]
                 if token is not None:
                     parts.append(token)
                     owners.append(r.id)
+                if lps is not None:
+                    asked.append(([r], lps))
             out = (mx.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else None
-            mx.async_eval(*([out] if out is not None else []), kv_written)
+            lp_arrays = [a for _, lps in asked for a in lps.arrays()]
+            mx.async_eval(*([out] if out is not None else []), kv_written, *lp_arrays)
             joins_next = any(
                 r.n_computed + n == len(r.prompt) and not r.prefill_only for r, n in prefill
             )
             if rows and self.pipeline and not joins_next:  # a join would drop it anyway
                 self._speculate(rows, parts[0])
             values = out.tolist() if out is not None else []
+            for reqs, lps in asked:
+                _set_logprobs(reqs, lps)
             mx.eval(kv_written)  # this step's prefill is done when run returns
         return dict(zip(owners, values, strict=True))
 
@@ -224,34 +237,34 @@ class MlxBackend:
         if in_use + len(decode) + sum(n for _, n in prefill) > self.n_ctx + self.cache_tokens:
             raise KVFull()
 
-    def _decode(self, rows: list[_Slot]) -> mx.array:
-        """This step's tokens for the batch rows: the queued step's, or a fresh pass."""
+    def _decode(self, rows: list[_Slot]) -> tuple[mx.array, RowLogprobs | None]:
+        """This step's tokens (and logprobs) for the batch rows: the queued step's,
+        or a fresh pass."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            for s, key in zip(rows, pending.keys, strict=True):
+            for s in rows:
                 if len(s.req.prompt) + s.req.n_fed + 1 != s.n_tokens:
                     raise RuntimeError(f"request {s.req.id}: speculative step out of line")
-                s.sampler.key = key
-            return pending.tokens
-        tokens, keys = self._batch_pass(rows, mx.array([s.req.output[-1] for s in rows]))
-        for s, key in zip(rows, keys, strict=True):
-            s.sampler.key = key
-        return tokens
+        else:
+            pending = self._batch_pass(rows, mx.array([s.req.output[-1] for s in rows]))
+        for s, state in zip(rows, pending.states, strict=True):
+            s.sampler.state = state
+        return pending.tokens, pending.logprobs
 
     def _speculate(self, rows: list[_Slot], tokens: mx.array) -> None:
         """Queue the next decode step now, fed this step's (still lazy) tokens."""
         if all(len(s.req.output) + 1 >= s.req.max_tokens for s in rows):
             return  # every row ends at this token
-        out, keys = self._batch_pass(rows, tokens)
-        mx.async_eval(out)
-        self._pending = _Pending(out, keys)
+        pending = self._batch_pass(rows, tokens)
+        mx.async_eval(pending.tokens, *(pending.logprobs.arrays() if pending.logprobs else []))
+        self._pending = pending
 
-    def _batch_pass(self, rows: list[_Slot], tokens: mx.array) -> tuple[mx.array, list]:
+    def _batch_pass(self, rows: list[_Slot], tokens: mx.array) -> _Pending:
         logits = self._batch.forward(self.model, tokens)
         for s in rows:
             s.n_tokens += 1
         self.decode_passes += 1
-        return sample(logits, [s.sampler for s in rows])
+        return _Pending(*sample(logits, [s.sampler for s in rows]))
 
     def _drop_pending(self) -> None:
         if self._pending is not None:
@@ -268,12 +281,15 @@ class MlxBackend:
         if not self._batch.rows:
             self._pending = None
             return
-        keep = [i for i in range(len(self._pending.keys)) if i != b]
+        keep = [i for i in range(len(self._pending.states)) if i != b]
         self._pending.tokens = mx.take(self._pending.tokens, mx.array(keep))
-        del self._pending.keys[b]
+        del self._pending.states[b]
+        if self._pending.logprobs is not None:
+            self._pending.logprobs = self._pending.logprobs.select(keep)
 
-    def _prefill(self, req: Request, n: int) -> mx.array | None:
-        """Feed the next ``n`` prompt tokens; the sampled token if the prompt ends here."""
+    def _prefill(self, req: Request, n: int) -> tuple[mx.array | None, RowLogprobs | None]:
+        """Feed the next ``n`` prompt tokens; the sampled token (and its logprobs, if
+        asked) if the prompt ends here."""
         slot: _Slot = req.slot
         start = req.n_computed
         ids = mx.array([req.prompt[start : start + n]])
@@ -281,10 +297,10 @@ class MlxBackend:
         slot.n_tokens += n
         if start + n < len(req.prompt) or req.prefill_only:
             self.model(ids, cache=slot.cache)  # KV only: the logits are never evaluated
-            return None
-        token, (key,) = sample(self._last_logits(ids, slot.cache), [slot.sampler])
-        slot.sampler.key = key
-        return token
+            return None, None
+        token, (state,), lps = sample(self._last_logits(ids, slot.cache), [slot.sampler])
+        slot.sampler.state = state
+        return token, lps
 
     def _last_logits(self, ids: mx.array, cache: list[KVCache]) -> mx.array:
         """Logits of the last position only: the head over a whole chunk costs
@@ -302,3 +318,13 @@ class MlxBackend:
 
     def is_eog(self, token: int) -> bool:
         return token in self._eog
+
+
+def _set_logprobs(reqs: list[Request], lps: RowLogprobs) -> None:
+    """Hand each asking row's (evaluated) logprobs to its request, for the engine."""
+    chosen = cast(list[float], lps.chosen.tolist())
+    ids = cast(list[list[int]], lps.top_ids.tolist())
+    values = cast(list[list[float]], lps.top_logprobs.tolist())
+    for j, row in enumerate(lps.rows):
+        n = lps.wanted[j]
+        reqs[row].token_logprobs = TokenLogprobs(chosen[j], ids[j][:n], values[j][:n])

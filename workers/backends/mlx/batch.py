@@ -1,4 +1,4 @@
-"""The MLX worker's batched decode KV cache and its per-request samplers.
+"""The MLX worker's batched decode KV cache (its samplers: workers/backends/mlx/sampling.py).
 
 All decoding requests share one cache per layer, shaped (rows, kv_heads, columns,
 head_dim), with rows *right-aligned*: row b holds its tokens in columns
@@ -13,8 +13,6 @@ waiting for the device.
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -171,59 +169,3 @@ def _pad_columns(x: mx.array, left: int, right: int) -> mx.array:
     if left == 0 and right == 0:
         return x
     return mx.pad(x, [(0, 0), (0, 0), (left, right), (0, 0)])
-
-
-# --- sampling ------------------------------------------------------------------------
-
-
-@dataclass
-class Sampler:
-    """One request's sampling settings and PRNG key (llama.cpp's chain order:
-    top-k, then top-p on the renormalized rest, then temperature)."""
-
-    temperature: float
-    top_p: float
-    top_k: int
-    key: mx.array | None  # None when greedy
-
-    @classmethod
-    def create(cls, temperature: float, top_p: float, top_k: int, seed: int | None) -> Sampler:
-        if temperature <= 0:
-            return cls(0.0, 1.0, 0, None)
-        seed = seed if seed is not None else random.getrandbits(32)
-        return cls(temperature, top_p, top_k, mx.random.key(seed))
-
-
-def sample(logits: mx.array, samplers: list[Sampler]) -> tuple[mx.array, list[mx.array | None]]:
-    """One token per row of ``logits`` (lazy), and each sampler's next key.
-
-    Keys are returned, not stored, so a speculative step can be dropped without
-    advancing any request's random stream.
-    """
-    if all(s.key is None for s in samplers):  # the common case: one argmax for the batch
-        return mx.argmax(logits, axis=-1).astype(mx.int32), [None] * len(samplers)
-    tokens: list[mx.array] = []
-    keys: list[mx.array | None] = []
-    for i, s in enumerate(samplers):
-        if s.key is None:
-            tokens.append(mx.argmax(logits[i], axis=-1).astype(mx.int32))
-            keys.append(None)
-            continue
-        next_key, use = mx.random.split(s.key)
-        tokens.append(_sample_row(logits[i].astype(mx.float32), s, use))
-        keys.append(next_key)
-    return mx.stack(tokens), keys
-
-
-def _sample_row(x: mx.array, s: Sampler, key: mx.array) -> mx.array:
-    if s.top_k <= 0 and s.top_p >= 1.0:
-        return mx.random.categorical(x / s.temperature, key=key).astype(mx.int32)
-    order = mx.argsort(-x)  # descending: top-k and top-p are prefixes of it
-    xs = x[order]
-    if s.top_k > 0:
-        xs = mx.where(mx.arange(xs.shape[0]) < s.top_k, xs, -mx.inf)
-    if s.top_p < 1.0:
-        p = mx.softmax(xs)
-        xs = mx.where(mx.cumsum(p) - p < s.top_p, xs, -mx.inf)  # always keeps the first
-    j = mx.random.categorical(xs / s.temperature, key=key)
-    return order[j].astype(mx.int32)
