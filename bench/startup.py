@@ -124,7 +124,7 @@ def one_run(args: dict[str, Any], cache: Path) -> dict[str, Any]:
             time.sleep(2.0)  # the last steps ride a heartbeat (steps_every_s: 1 s)
             last = status_row(cl)
             load_end = os.getloadavg()[0]
-            again = measure_again()
+            again = measure_again(_threads(args["worker_args"]))
             log = (cl.log_dir / "cpu0.log").read_text()
         finally:
             proc.kill()
@@ -145,23 +145,32 @@ def one_run(args: dict[str, Any], cache: Path) -> dict[str, Any]:
         "served_context_tokens": last["live_context_tokens"],
         "served_prefill_tok_s": last["live_prefill_tok_s"],
         "start_over_served": ratios(start, served),
-        "served_median_tok_s": (medians := step_medians(trace)),
-        "start_over_served_median": ratios(start, medians),
+        "served_median_tok_s": (medians := step_medians(trace))[0],
+        "served_decode_steps_by_batch": medians[1],
+        "start_over_served_median": (close := ratios(start, medians[0])),
+        "served_steps_within_25pct": within(close, medians[1]),
         "phases": phases,
         "notes": [x.split(": ", 1)[-1] for x in log.splitlines() if "start-up measurement" in x],
     }
 
 
-def measure_again() -> list[float]:
+def _threads(worker_args: list[str]) -> int:
+    """The worker's --threads among its arguments (the control measures alike)."""
+    flags = [a for arg in worker_args for a in arg.split("=", 1)]
+    return int(flags[flags.index("--threads") + 1]) if "--threads" in flags else 2
+
+
+def measure_again(threads: int) -> list[float]:
     """The control: the worker's quick measurement again, here, right after the minute
-    (the worker still holds its model, idle): what the machine measures now."""
+    (the worker still holds its model, idle), on as many threads: what the machine
+    measures now."""
     from tandem.workers.backends import build_backend
     from tandem.workers.config import WorkerConfig
     from tandem.workers.profiler import warm_up
     from tandem.workers.rates import measured_rates
     from tandem.workers.startup import QUICK_CONTEXT, QUICK_STEPS
 
-    cfg = WorkerConfig(router="tcp://127.0.0.1:1")
+    cfg = WorkerConfig(router="tcp://127.0.0.1:1", threads=threads)
     backend = build_backend(cfg)
     warm = warm_up(backend, cfg.engine.max_active, cfg.engine.step_tokens,
                    context=QUICK_CONTEXT, measure_steps=QUICK_STEPS, compile_pass=False,
@@ -175,16 +184,26 @@ def ratios(start: list[float], served: list[float | None]) -> list[float | None]
     return [None if s is None else round(a / s, 3) for a, s in zip(start, served, strict=False)]
 
 
-def step_medians(trace: Path) -> list[float | None]:
+def step_medians(trace: Path) -> tuple[list[float | None], list[int]]:
     """Aggregate decode tok/s at batch 1..4 from the median of the served decode-only
-    steps (the live model's clipped mean counts a stall as up to 4 median steps)."""
+    steps (the live model's clipped mean counts a stall as up to 4 median steps), and
+    how many such steps each batch size served."""
     rows = [r for f in trace.glob("*.csv") for r in csv.DictReader(f.open())]
     out: list[float | None] = []
+    counts: list[int] = []
     for b in range(1, 5):
         steps = [float(r["seconds"]) for r in rows
                  if int(r["batch"]) == b and int(r["prefill_tokens"]) == 0]  # fmt: skip
         out.append(round(b / statistics.median(steps), 2) if steps else None)
-    return out
+        counts.append(len(steps))
+    return out, counts
+
+
+def within(close: list[float | None], steps: list[int], tolerance: float = 0.25) -> float:
+    """The share of served decode steps whose batch size was priced at start within
+    ``tolerance`` of its served median: the batch sizes weighted as served."""
+    hit = sum(n for r, n in zip(close, steps, strict=False) if r and abs(r - 1) <= tolerance)
+    return round(hit / max(1, sum(steps)), 3)
 
 
 def profile_into(cache: Path) -> None:
@@ -217,7 +236,9 @@ def main(runs: int, profiled: bool, phase_s: float, prompt_tokens: int, max_toke
         click.echo(f"run {i + 1}: registered after {result['times_s'].get('registered')} s; "
                    f"start / served {result['start_over_served']}, / served median "
                    f"{result['start_over_served_median']}; again / start "
-                   f"{result['again_over_start']}; load {result['load_avg_1m']}")  # fmt: skip
+                   f"{result['again_over_start']}; steps priced within 25 %: "
+                   f"{result['served_steps_within_25pct']}; "
+                   f"load {result['load_avg_1m']}")  # fmt: skip
     doc = {"args": {**args, "runs": runs, "profiled": profiled}, "cpus": os.cpu_count(),
            "load_avg_1m_at_end": os.getloadavg()[0], "runs": results}  # fmt: skip
     if out:
