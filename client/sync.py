@@ -103,7 +103,11 @@ class Client:
         """Start a request; iterate the returned Stream for Deltas, then read ``.result``.
 
         Keyword arguments: tokens, messages, max_tokens, temperature, top_p, top_k,
-        seed, stop, ignore_eos, worker, prefill_only, request_id.
+        seed, stop, ignore_eos, presence_penalty, frequency_penalty,
+        repetition_penalty, min_p, logit_bias ({token id: bias}), logprobs (n: each
+        Delta's and the Result's ``logprobs`` then hold a TokenLogprob per token),
+        json_schema (JSON Schema text the output must match), worker, prefill_only,
+        request_id. A request needing what no worker serves raises BadRequest.
         """
         kwargs.setdefault("stream", True)
         submit = make_submit(prompt, **kwargs)
