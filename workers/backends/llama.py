@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 @L.llama_log_callback
-def _quiet_log(level, text, user_data):  # noqa: ANN001 - ctypes callback signature
+def _quiet_log(level: int, text: bytes, user_data: object) -> None:  # a ctypes callback
     if level == 4:  # GGML_LOG_LEVEL_ERROR (5 is CONT: continuation of any level)
         log.error("llama.cpp: %s", text.decode(errors="replace").rstrip())
 

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from tandem.workers.config import WorkerConfig
 
 
-def pick_device(device: str) -> tuple[mx.Device, str]:
+def pick_device(device: str) -> tuple[mx.DeviceType, str]:
     """(MLX device, label) for ``--device auto|gpu|cpu``; ValueError if impossible."""
     gpu = "gpu-metal" if mx.metal.is_available() else "gpu-cuda" if mx.cuda.is_available() else ""
     if device == "cpu" or (device == "auto" and not gpu):
@@ -74,6 +74,12 @@ class _Slot:
     cache: list[KVCache] | None  # a private cache while prefilling; None once in the batch
     n_tokens: int  # KV columns written, a speculative one included
     sampler: Sampler
+
+
+def _head(cache: KVCache, n: int) -> KV:
+    """One layer's first ``n`` positions, copied out of its (filled) cache."""
+    assert cache.keys is not None and cache.values is not None  # n > 0 tokens written
+    return mx.contiguous(cache.keys[..., :n, :]), mx.contiguous(cache.values[..., :n, :])
 
 
 @dataclass
@@ -114,7 +120,8 @@ class MlxBackend:
 
             with mx.stream(self._stream):
                 loaded = load_mlx_model(model_path)
-        self.model, self.tokenizer_spec, config = loaded
+        model, self.tokenizer_spec, config = loaded
+        self.model: Any = model  # an mlx-lm Model: called on ids with a cache
         if not all(isinstance(c, KVCache) for c in make_prompt_cache(self.model)):
             raise ValueError("the mlx backend needs a model with plain KV caches (no sliding)")
         self.model_name = Path(model_path).name  # as llama.cpp's backend reports it
@@ -171,10 +178,7 @@ class MlxBackend:
                 layers = self._batch.extract(slot, n)
                 self._leave_batch(slot)
             elif n:
-                layers = [
-                    (mx.contiguous(c.keys[..., :n, :]), mx.contiguous(c.values[..., :n, :]))
-                    for c in slot.cache
-                ]
+                layers = [_head(c, n) for c in slot.cache]
             else:
                 layers = []
             mx.async_eval(layers)  # materialize now, so the copy holds no big buffer alive
@@ -224,7 +228,7 @@ class MlxBackend:
             )
             if rows and self.pipeline and not joins_next:  # a join would drop it anyway
                 self._speculate(rows, parts[0])
-            values = out.tolist() if out is not None else []
+            values = cast(list[int], out.tolist()) if out is not None else []  # token ids
             for reqs, lps in asked:
                 _set_logprobs(reqs, lps)
             mx.eval(kv_written)  # this step's prefill is done when run returns
@@ -291,6 +295,7 @@ class MlxBackend:
         """Feed the next ``n`` prompt tokens; the sampled token (and its logprobs, if
         asked) if the prompt ends here."""
         slot: _Slot = req.slot
+        assert slot.cache is not None  # its own until the prompt is in: then it joins the batch
         start = req.n_computed
         ids = mx.array([req.prompt[start : start + n]])
         self.prompt_tokens_fed += n
