@@ -72,6 +72,7 @@ class TwinDevice:
     model_name = "twin"
     vocab_size = VOCAB_SIZE
     tokenizer_spec = None
+    capabilities: tuple[str, ...] = ()  # plain sampling, as the sim backend's
 
     def __init__(
         self, profile: SimProfile, owner: Clocked, n_ctx: int = 1 << 30, tail: Tail | None = None

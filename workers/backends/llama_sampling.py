@@ -45,7 +45,7 @@ from llama_cpp.llama_grammar import json_schema_to_gbnf
 from tandem.workers.request import Request, TokenLogprobs
 
 # What this backend serves (docs/PROTOCOL.md, Ready.capabilities).
-CAPABILITIES = ("penalties", "logit_bias", "min_p", "logprobs", "json_schema")
+CAPABILITIES: tuple[str, ...] = ("penalties", "logit_bias", "min_p", "logprobs", "json_schema")
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 assert _TOKEN_DATA.itemsize == ctypes.sizeof(L.llama_token_data)

@@ -15,7 +15,7 @@ from tandem.workers.backends.mlx.logits import History, Processing, RowLogprobs,
 
 # What this backend serves (docs/PROTOCOL.md, Ready.capabilities). No json_schema:
 # MLX has no token-level grammar engine here; the router sends those to llama.cpp.
-CAPABILITIES = ("penalties", "logit_bias", "min_p", "logprobs")
+CAPABILITIES: tuple[str, ...] = ("penalties", "logit_bias", "min_p", "logprobs")
 
 
 @dataclass(frozen=True)
