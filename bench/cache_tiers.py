@@ -130,7 +130,7 @@ def decode_with_cells_held(threads: int, held: int = 4096, steps: int = 40) -> d
     return {"cells_held": held, "steps": steps, **out}
 
 
-CONFIGS = {  # name -> EngineConfig cache fields
+CONFIGS: dict[str, dict[str, Any]] = {  # name -> EngineConfig cache fields
     "today": {"cache_tokens": 4096, "cache_entries": 16, "cache_policy": "lru"},
     "small-device": {"cache_tokens": 512, "cache_policy": "lru"},
     "small-device+host": {"cache_tokens": 512, "host_cache_tokens": 100_000},
