@@ -36,9 +36,9 @@ VALID = [
         p.Hello("x"),
         p.Submit("r", prompt="hi", sampling=p.SamplingParams(4)),
         p.Cancel("r"),
-        p.Heartbeat("w", 1, [p.RequestRow("a", 9, 0, 0, 4)], [], 1, 9, {"full": True}),
+        p.Heartbeat("w", 1, [p.RequestRow("a", 9, 0, 0, 4)], [], 1, 9, p.CacheReport(True, 1)),
         p.StepTokens(["a", "b"], [[1], [2]], ["x", "y"]),
-        p.Done("a", p.FinishReason.LENGTH, {"output_tokens": 1}),
+        p.Done("a", p.FinishReason.LENGTH, p.DoneStats(output_tokens=1)),
     )
 ]
 HUGE = [b"\xdd\xff\xff\xff\xff", b"\xdf\xff\xff\xff\xff", b"\xdb\xff\xff\xff\xff",
@@ -158,7 +158,13 @@ def scan_cost(repeat: int = 5) -> dict[str, dict[str, float]]:
         ),  # fmt: skip
         "submit": p.Submit("r-1", prompt="Tell me a story. " * 8, sampling=p.SamplingParams(64)),
         "heartbeat_16": p.Heartbeat(
-            "w", 7, [p.RequestRow(f"w{i}", 500, 256, 0, 40) for i in range(16)], [], 3000, 8192, {}
+            "w",
+            7,
+            [p.RequestRow(f"w{i}", 500, 256, 0, 40) for i in range(16)],
+            [],
+            3000,
+            8192,
+            p.CacheReport(False, 7, base=7),
         ),  # fmt: skip
         "step_tokens_128": p.StepTokens(
             [f"w{i}" for i in range(128)], [[40_000 + i] for i in range(128)], [" tok"] * 128
@@ -172,11 +178,11 @@ def scan_cost(repeat: int = 5) -> dict[str, dict[str, float]]:
         n = max(20, 200_000 // max(1, len(frame) // 16))
         row = {"bytes": float(len(frame))}
         for label, scan in (("decode_with_scan_ns", real_scan), ("decode_without_ns", None)):
-            p.scan = real_scan if scan else _no_scan  # type: ignore[assignment]
+            p.scan = real_scan if scan else _no_scan
             try:
                 row[label] = _best_ns(partial(p.decode, frame), n, repeat)
             finally:
-                p.scan = real_scan  # type: ignore[assignment]
+                p.scan = real_scan
         row["scan_alone_ns"] = _best_ns(partial(real_scan, frame), n, repeat)
         out[name] = row
     return out

@@ -103,7 +103,7 @@ def null_worker(address: str, mode: str, stop: Any) -> None:
             state[0] -= 1
             if state[0] == 0:
                 del active[rid]
-                stats = {"output_tokens": 1, "prompt_tokens": 1, "cached_tokens": 0}
+                stats = p.DoneStats(output_tokens=1, prompt_tokens=1, cached_tokens=0)
                 dones.append(p.Done(rid, p.FinishReason.LENGTH, stats))
         sock.send(p.encode_batch([tokens, *dones]) if dones else p.encode(tokens))
     sock.close(0)
@@ -181,10 +181,10 @@ def heartbeat_swarm(address: str, n_workers: int, spec: dict[str, Any], stop: An
             if welcomed[i] and now >= due[i]:
                 due[i] = max(due[i] + HEARTBEAT_S, now)
                 if seq[i] == 0:  # the first report is a full (empty) listing, then no changes
-                    seq[i], cache = 1, {"full": True, "seq": 1, "blocks": []}
+                    seq[i], cache = 1, p.CacheReport(full=True, seq=1)
                 else:  # nothing new: the same seq and bytes each time, as an idle worker's
                     seq[i] = 2
-                    cache = {"full": False, "base": 1, "seq": 1, "added": [], "removed": []}
+                    cache = p.CacheReport(full=False, base=1, seq=1)
                 hb = p.Heartbeat(f"swarm-{i}", seq[i], [], [], 0, 1 << 20, cache)
                 s.send(p.encode(hb))
         time.sleep(0.01)

@@ -50,7 +50,7 @@ def loaded_router(n_workers: int, rng: random.Random, inflight_each: int = 2) ->
     for i, w in enumerate(list(core.workers.values())):
         rows = [p.RequestRow(wid, 300, 0, 100, 20) for wid in w.inflight]
         hashes = block_hashes(PREFIXES[i % len(PREFIXES)][: BLOCK * 20], BLOCK)
-        cache = {"full": True, "seq": 1, "blocks": hashes}
+        cache = p.CacheReport(full=True, seq=1, blocks=hashes)
         core.worker(w.identity, p.Heartbeat(w.id, 1, rows, [], 0, 8192, cache), now)
     _discard(core)
     gc.freeze()  # as the live loop does once workers have registered

@@ -24,6 +24,7 @@ from collections import deque
 from typing import Any
 
 from tandem.broker.policies import Load, RouteRequest, WorkerView
+from tandem.common import protocol as p
 
 DECODE_ESTIMATES = ("budget", "ratio")
 RATIO_WINDOW = 64  # finished requests the output ratio is computed over
@@ -43,9 +44,9 @@ class Calibration:
         # Bumped whenever what adjust() returns may change: cached views key on it.
         self.version = 0
 
-    def on_done(self, stats: dict[str, Any], finish_reason: str, max_tokens: int) -> None:
+    def on_done(self, stats: p.DoneStats, finish_reason: str, max_tokens: int) -> None:
         """A request finished: remember how much of its budget it used."""
-        output = int(stats.get("output_tokens", 0) or 0)
+        output = stats.output_tokens or 0
         if max_tokens > 0 and finish_reason in ("eos", "stop", "length"):
             self._outputs.append((output, max_tokens))
             if self.decode_estimate == "ratio":

@@ -101,7 +101,7 @@ class RouterCore(Membership, Routing):
                 self._cancelled(req)
 
     def _cancelled(self, req: ClientRequest) -> None:
-        done = p.Done(req.submit.request_id, p.FinishReason.CANCELLED, {})
+        done = p.Done(req.submit.request_id, p.FinishReason.CANCELLED)
         self.out.to_client(req.client, done)
         self.metrics.on_outcome(req.policy, "cancelled")
 

@@ -40,6 +40,7 @@ from prometheus_client.utils import floatToGoString
 
 from tandem.broker.policies import Decision, RouteRequest
 from tandem.broker.registry import WorkerState
+from tandem.common import protocol as p
 from tandem.common.pricing import Rates
 from tandem.common.steptime import batch_ladder
 
@@ -200,16 +201,16 @@ class RouterMetrics:
         self.generation_tokens.inc((worker_id,), n)
         self.totals["tokens_relayed"] += n
 
-    def on_done(self, policy: str, finish_reason: str, stats: dict[str, Any]) -> None:
+    def on_done(self, policy: str, finish_reason: str, stats: p.DoneStats) -> None:
         """A request finished on a worker; ``stats`` are the Done stats sent to the client."""
         self.on_outcome(policy, finish_reason)
-        key = (str(stats.get("worker") or ""),)
-        self.prompt_tokens.inc(key, _num(stats.get("prompt_tokens")))
-        self.cached_tokens.inc(key, _num(stats.get("cached_tokens")))
-        if stats.get("ttft_s") is not None:
-            self.ttft.observe(key, _num(stats["ttft_s"]))
-        self.e2e.observe(key, _num(stats.get("e2e_s")))
-        self.queue.observe(key, _num(stats.get("queue_s")))
+        key = (stats.worker or "",)
+        self.prompt_tokens.inc(key, stats.prompt_tokens or 0)
+        self.cached_tokens.inc(key, stats.cached_tokens or 0)
+        if stats.ttft_s is not None:
+            self.ttft.observe(key, stats.ttft_s)
+        self.e2e.observe(key, stats.e2e_s or 0.0)
+        self.queue.observe(key, stats.queue_s or 0.0)
 
     def on_outcome(self, policy: str, outcome: str) -> None:
         """A request ended: ``outcome`` is a finish reason or an error code."""
@@ -399,10 +400,6 @@ class _Histogram:
                 buckets.append((le, acc))
             family.add_metric(key, buckets, total)
         return [family]
-
-
-def _num(x: Any) -> float:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else 0.0
 
 
 @dataclass

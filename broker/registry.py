@@ -141,7 +141,7 @@ class WorkerState:
             hashes[bs] = block_hashes(tokens[:usable], bs)
         return matched_tokens(hashes[bs], self.cache.held, bs)
 
-    def update_steps(self, wire: dict[str, Any]) -> str | None:
+    def update_steps(self, wire: p.StepReport) -> str | None:
         """Take a heartbeat's step model; returns what is wrong with it, if anything
         (then the last good model stays)."""
         try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from tandem.broker.arrivals import ages
 from tandem.common import protocol as p
@@ -106,22 +105,22 @@ class ClientRequest:
             if logprobs is not None:
                 self.buffer_logprobs = (self.buffer_logprobs or []) + logprobs
 
-    def final_stats(self, worker_stats: dict[str, Any], now: float, policy: str) -> dict[str, Any]:
+    def final_stats(self, worker_stats: p.DoneStats, now: float, policy: str) -> p.DoneStats:
         """Worker stats plus what only the router can measure (its clock, end to end)."""
-        out = dict(worker_stats)
         routing_s = max(0.0, self.t_assigned - self.received)
-        out["queue_s"] = routing_s + float(worker_stats.get("worker_queue_s", 0.0))
-        out["ttft_s"] = (self.t_first - self.received) if self.t_first else None
-        out["e2e_s"] = now - self.received
-        out["worker"] = self.worker_id
-        out["policy"] = policy
-        out["router_cached_estimate"] = self.cached_estimate
-        if self.lost_on:
-            out["rerouted_from"] = list(self.lost_on)
-        if self.migrated_tokens:  # the last worker counted only its own part
-            out["migrated_tokens"] = self.migrated_tokens
-            out["output_tokens"] = len(self.output_ids)
-        return out
+        migrated = self.migrated_tokens or None  # the last worker counted only its own part
+        return p.replace(
+            worker_stats,
+            queue_s=routing_s + (worker_stats.worker_queue_s or 0.0),
+            ttft_s=(self.t_first - self.received) if self.t_first else None,
+            e2e_s=now - self.received,
+            worker=self.worker_id,
+            policy=policy,
+            router_cached_estimate=self.cached_estimate,
+            rerouted_from=list(self.lost_on),
+            migrated_tokens=migrated,
+            output_tokens=len(self.output_ids) if migrated else worker_stats.output_tokens,
+        )
 
 
 def prompt_tokens(

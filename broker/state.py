@@ -140,7 +140,7 @@ class CoreState:
     def _finish_migrated(self, req: ClientRequest, now: float) -> None:
         """A request whose worker died after its last token but before its Done."""
         self._send_buffered(req)
-        stats = req.final_stats({"output_tokens": 0}, now, req.policy)
+        stats = req.final_stats(p.DoneStats(output_tokens=0), now, req.policy)
         self.out.to_client(req.client, p.Done(req.submit.request_id, p.FinishReason.LENGTH, stats))
 
     def _fail(self, req: ClientRequest, code: p.ErrorCode, message: str) -> None:

@@ -108,8 +108,8 @@ class Assembly:
                 "".join(self.text),
                 self.token_ids,
                 msg.finish_reason,
-                msg.stats,
-                msg.stats.get("worker") or self.worker,  # the last one, if it migrated
+                msg.stats.as_dict(),
+                msg.stats.worker or self.worker,  # the last one, if it migrated
                 self.logprobs,
             )
         elif isinstance(msg, p.Error):

@@ -26,7 +26,9 @@ import math
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import takewhile
-from typing import Any, overload
+from typing import overload
+
+from tandem.common.protocol import CacheReport
 
 _ROOT = b"tandem-prefix-v1"
 
@@ -182,7 +184,7 @@ class CacheLog:
     def request_full(self) -> None:
         self._full_requested = True
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> CacheReport:
         """The ``cache`` field of the next heartbeat (consumes pending changes)."""
         base = self.seq
         if self._full_requested:
@@ -190,17 +192,17 @@ class CacheLog:
             self._full_requested = False
             self._added.clear()
             self._removed.clear()
-            return {"full": True, "seq": self.seq, "blocks": list(self.refs)}
+            return CacheReport(full=True, seq=self.seq, blocks=list(self.refs))
         if not self._added and not self._removed:
-            return {"full": False, "base": base, "seq": base, "added": [], "removed": []}
+            return CacheReport(full=False, base=base, seq=base)
         self.seq += 1
-        out = {
-            "full": False,
-            "base": base,
-            "seq": self.seq,
-            "added": list(self._added),
-            "removed": list(self._removed),
-        }
+        out = CacheReport(
+            full=False,
+            base=base,
+            seq=self.seq,
+            added=list(self._added),
+            removed=list(self._removed),
+        )
         self._added.clear()
         self._removed.clear()
         return out
@@ -246,29 +248,24 @@ class CacheView:
             if h not in self._reported:
                 self.held.discard(h)
 
-    def apply(self, report: dict[str, Any], now: float = math.inf) -> bool:
-        """Apply one report (received at ``now``); False means a delta was missed and a
-        full resync is needed."""
-        try:
-            if report.get("full"):
-                self._reported = {int(h) for h in report["blocks"]}
-                # The same set, refilled: the router keeps a reference (broker/ledger.py).
-                self.held.clear()
-                self.held.update(self._reported, self._noted)
-                self.seq = int(report["seq"])
-            else:
-                base, seq = int(report["base"]), int(report["seq"])
-                if base != self.seq:
-                    return seq == self.seq  # an empty delta at our seq is fine; else a gap
-                removed = [int(h) for h in report["removed"]]
-                added = [int(h) for h in report["added"]]
-                self._reported.difference_update(removed)
-                self.held.difference_update(h for h in removed if h not in self._noted)
-                self._reported.update(added)
-                self.held.update(added)
-                self.seq = seq
-        except (KeyError, TypeError, ValueError):
-            return False
+    def apply(self, report: CacheReport, now: float = math.inf) -> bool:
+        """Apply one report (received at ``now``, typed and bounded by the decoder);
+        False means a delta was missed and a full resync is needed."""
+        if report.full:
+            self._reported = set(report.blocks)
+            # The same set, refilled: the router keeps a reference (broker/ledger.py).
+            self.held.clear()
+            self.held.update(self._reported, self._noted)
+            self.seq = report.seq
+        else:
+            if report.base != self.seq:
+                return report.seq == self.seq  # an empty delta at our seq is fine; else a gap
+            removed = report.removed
+            self._reported.difference_update(removed)
+            self.held.difference_update(h for h in removed if h not in self._noted)
+            self._reported.update(report.added)
+            self.held.update(report.added)
+            self.seq = report.seq
         self.expire(now)
         return self._apply_device(report, now)
 
@@ -276,18 +273,12 @@ class CacheView:
         """Blocks held only in the worker's host-RAM tier (0 without one)."""
         return len(self.held - self.device.held) if self.device is not None else 0
 
-    def _apply_device(self, report: dict[str, Any], now: float) -> bool:
+    def _apply_device(self, report: CacheReport, now: float) -> bool:
         """The ``device`` sub-report and ``restore_tok_s`` of a tiered worker."""
-        sub = report.get("device")
+        sub = report.device
         if sub is None:
             return True
-        if not isinstance(sub, dict):
-            return False
         if self.device is None:
             self.device = CacheView()
-        try:
-            rate = float(report.get("restore_tok_s", self.restore_tok_s))
-        except (TypeError, ValueError):
-            return False
-        self.restore_tok_s = rate if math.isfinite(rate) and rate >= 0 else 0.0
+        self.restore_tok_s = report.restore_tok_s
         return self.device.apply(sub, now)

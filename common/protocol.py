@@ -33,18 +33,20 @@ from tandem.common.validation import (
     Id,
     Label,
     Rate,
+    Seconds,
     Text,
     TokenId,
     Tokens,
     message_problem,
 )
 
-PROTOCOL_VERSION = 8  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds;
+PROTOCOL_VERSION = 9  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds;
 # 4: step_tokens (a worker that batches its deltas must not meet a router that cannot read them);
 # 5: batch (the router sends a peer what one turn owes it in one frame); 6: ready.provisional;
 # 7: msgspec Structs (fields at their default left out, ``type`` first, ids without control
 # characters); 8: sampling's penalties, logit_bias, min_p, logprobs, json_schema, token
-# logprobs, ready.capabilities (a request that needs one must not reach a worker that drops it)
+# logprobs, ready.capabilities (a request that needs one must not reach a worker that drops it);
+# 9: heartbeat.cache, .steps and done.stats typed (their fields at their default left out)
 
 
 class FinishReason(StrEnum):
@@ -142,7 +144,7 @@ SchemaText = Annotated[str, Meta(min_length=1, max_length=bounds.MAX_SCHEMA_CHAR
 Logprob = Annotated[float, Meta(le=bounds.MAX_FLOAT)]
 
 
-class SamplingParams(Struct):
+class SamplingParams(Struct, frozen=True):
     """How one request generates: carried by Submit, Assign and the worker's Request.
 
     ``max_tokens`` is the decode budget; ``prefill_only`` computes the prompt into
@@ -206,7 +208,7 @@ class SamplingParams(Struct):
         return None
 
 
-class TokenLogprob(Struct):
+class TokenLogprob(Struct, frozen=True):
     """One output token's logprob (``SamplingParams.logprobs``): the model's
     log-softmax after logit_bias and penalties, before temperature and truncation.
     ``token`` is its text piece (decoded with errors="replace"); ``top`` the n
@@ -218,7 +220,82 @@ class TokenLogprob(Struct):
     top: Annotated[list[tuple[TokenId, Text, Logprob]], Meta(max_length=bounds.MAX_LOGPROBS)] = []
 
 
-class RequestRow(Struct):
+BlockHash = Annotated[int, Meta(ge=0)]  # 63-bit chained block hashes (common/blocks.py)
+
+
+class CacheReport(Struct, frozen=True):
+    """A worker's prefix blocks (common/blocks.py: ``CacheLog`` writes it, ``CacheView``
+    reads it): a full listing (``full``, every block held in ``blocks``), or the
+    changes since report ``base`` (``added``, ``removed``; ``seq == base + 1``, or
+    ``seq == base`` with empty lists when nothing changed). A worker with a host-RAM
+    tier adds its device tier's own report (``device``) and how fast it restores
+    from host RAM (``restore_tok_s``; 0: not measured yet)."""
+
+    full: bool
+    seq: Count
+    blocks: list[BlockHash] = []
+    base: Count = 0
+    added: list[BlockHash] = []
+    removed: list[BlockHash] = []
+    device: CacheReport | None = None
+    restore_tok_s: Annotated[float, Meta(ge=0, le=bounds.MAX_FLOAT)] = 0.0
+
+
+_STEP_KEYS = {"decode_batch": "b", "decode_step_s": "s", "decode_samples": "n",
+              "context": "ctx", "context_s": "k", "prefill_chunk": "p",
+              "prefill_tok_s": "pr", "prefill_samples": "pn"}  # fmt: skip
+_Series = Meta(max_length=bounds.STEP_POINTS)
+_Sizes = Annotated[list[Annotated[int, Meta(ge=1, le=bounds.MAX_ACTIVE)]], _Series]
+_Chunks = Annotated[list[Annotated[int, Meta(ge=1, le=bounds.MAX_CHUNK)]], _Series]
+_StepSeconds = Annotated[list[Annotated[float, Meta(gt=0, le=bounds.MAX_STEP_S)]], _Series]
+_Rates = Annotated[list[Rate], _Series]
+_Samples = Annotated[list[Annotated[int, Meta(ge=1, le=bounds.COUNT_CAP)]], _Series]
+
+
+class StepReport(Struct, frozen=True, rename=_STEP_KEYS):
+    """A worker's measured step costs on the wire (``common.steptime.StepModel``,
+    short keys: ``b``, ``s``, ...). Each value within its bounds here; the rules
+    across lists (equal lengths, sizes increasing) are ``StepModel``'s, and a model
+    that breaks them is ignored by the router, not its heartbeat."""
+
+    decode_batch: _Sizes = []
+    decode_step_s: _StepSeconds = []
+    decode_samples: _Samples = []
+    context: Annotated[float, Meta(ge=0, le=bounds.MAX_CONTEXT)] = 0.0
+    context_s: Annotated[float, Meta(ge=0, le=1)] = 0.0
+    prefill_chunk: _Chunks = []
+    prefill_tok_s: _Rates = []
+    prefill_samples: _Samples = []
+
+
+_Tokens = Annotated[int, Meta(ge=0, le=bounds.MAX_COUNT)]
+
+
+class DoneStats(Struct, frozen=True):
+    """How a request went (``Done.stats``): the worker's part, then what only the
+    router measures. Every field is optional; docs/PROTOCOL.md "Done stats"."""
+
+    prompt_tokens: _Tokens | None = None
+    cached_tokens: _Tokens | None = None  # prompt tokens reused from the prefix cache
+    output_tokens: _Tokens | None = None
+    worker_queue_s: Seconds | None = None
+    prefill_s: Seconds | None = None
+    decode_s: Seconds | None = None
+    worker: Id | None = None
+    queue_s: Seconds | None = None
+    ttft_s: Seconds | None = None
+    e2e_s: Seconds | None = None
+    policy: Label | None = None
+    router_cached_estimate: _Tokens | None = None
+    rerouted_from: list[Id] = []
+    migrated_tokens: _Tokens | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The stats a client's Result shows: every field that is set."""
+        return {k: v for k, v in msgspec.structs.asdict(self).items() if v is not None}
+
+
+class RequestRow(Struct, frozen=True):
     """One request as a worker's heartbeat lists it (active or queued)."""
 
     id: Id
@@ -323,7 +400,7 @@ class Done(Message, tag="done"):
 
     request_id: Id
     finish_reason: FinishReason
-    stats: Annotated[dict[str, Any], Meta(max_length=bounds.MAX_STATS_KEYS)] = {}
+    stats: DoneStats = DoneStats()
 
 
 class Error(Message, tag="error"):
@@ -387,8 +464,8 @@ class Heartbeat(Message, tag="heartbeat"):
     queued: list[RequestRow]
     kv_used_tokens: Count
     kv_capacity_tokens: Count
-    cache: dict[str, Any]
-    steps: dict[str, Any] | None = None
+    cache: CacheReport
+    steps: StepReport | None = None
 
 
 class Assign(Message, tag="assign"):

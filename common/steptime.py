@@ -36,13 +36,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-MAX_BATCH = 4096  # largest batch size a model may describe
-MAX_POINTS = 64  # entries per wire list: one per batch size or chunk bucket
-MAX_STEP_S = 3600.0
-MAX_TOK_S = 1e9
-MAX_CONTEXT = 10_000_000
+from tandem.common import validation as bounds
+from tandem.common.protocol import StepReport
+
+# The wire's bounds (common/validation.py): a model within them is one a heartbeat carries.
+MAX_BATCH = bounds.MAX_ACTIVE  # largest batch size a model may describe
+MAX_POINTS = bounds.STEP_POINTS  # entries per wire list: one per batch size or chunk bucket
+MAX_STEP_S = bounds.MAX_STEP_S
+MAX_TOK_S = bounds.MAX_RATE_TOK_S
+MAX_CONTEXT = bounds.MAX_CONTEXT
 WINDOW = 64  # samples kept per batch size / chunk bucket
-COUNT_CAP = 1_000_000  # sample counters stop here (they only weigh evidence)
+COUNT_CAP = bounds.COUNT_CAP  # sample counters stop here (they only weigh evidence)
 MIN_CONTEXT_SPAN = 32  # context tokens per row two samples must differ by to give a slope
 MIN_SLOPE_PAIRS = 8  # fewer such pairs: no slope (one pair once zeroed a batch-16 step)
 MIN_AFTER_CONTEXT = 0.25  # moving a sample to another context leaves at least this share of it
@@ -52,20 +56,6 @@ SHIFT = 0.25  # recent samples' median this far off the older ones': the device 
 SHIFT_RECENT = 16  # samples a shift is judged on
 SHIFT_EVERY = 8  # samples between shift checks (each reads the window); kept after a shift
 TRIM_MIN = 10  # fewer samples than this: the median (a mean of few says little)
-
-
-# Wire key -> StepModel field: short keys keep heartbeats small.
-_WIRE_KEYS = {
-    "b": "decode_batch",
-    "s": "decode_step_s",
-    "n": "decode_samples",
-    "ctx": "context",
-    "k": "context_s",
-    "p": "prefill_chunk",
-    "pr": "prefill_tok_s",
-    "pn": "prefill_samples",
-}
-_INT_FIELDS = {"decode_batch", "decode_samples", "prefill_chunk", "prefill_samples"}
 
 
 def batch_ladder(n: int) -> list[int]:
@@ -112,34 +102,23 @@ class StepModel:
         if not _finite_in(self.context_s, 0.0, 1.0):
             raise ValueError("context_s must be in [0, 1] seconds per token")
 
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, name in _WIRE_KEYS.items():
-            value = getattr(self, name)
-            out[key] = list(value) if isinstance(value, tuple) else value
-        return out
+    def to_wire(self) -> StepReport:
+        return StepReport(
+            list(self.decode_batch), list(self.decode_step_s), list(self.decode_samples),
+            self.context, self.context_s,
+            list(self.prefill_chunk), list(self.prefill_tok_s), list(self.prefill_samples),
+        )  # fmt: skip
 
     @classmethod
-    def from_wire(cls, obj: Any) -> StepModel:
-        """Parse a heartbeat's ``steps``; ValueError names what is wrong."""
-        if not isinstance(obj, dict):
-            raise ValueError("steps must be a map")
-        unknown = sorted(set(obj) - set(_WIRE_KEYS))
-        if unknown:
-            raise ValueError(f"steps: unknown key(s) {unknown}")
-        kwargs: dict[str, Any] = {}
-        for key, name in _WIRE_KEYS.items():
-            if key not in obj:
-                continue
-            value = obj[key]
-            if name in ("context", "context_s"):
-                kwargs[name] = _number(value, key)
-            elif not isinstance(value, list) or len(value) > MAX_POINTS:
-                raise ValueError(f"steps.{key} must be a list of at most {MAX_POINTS}")
-            else:
-                parse = _int if name in _INT_FIELDS else _number
-                kwargs[name] = tuple(parse(v, key) for v in value)
-        return cls(**kwargs)
+    def from_wire(cls, report: StepReport) -> StepModel:
+        """A heartbeat's ``steps`` (typed and bounded by the decoder); ValueError
+        names a rule across its lists it breaks."""
+        r = report
+        return cls(
+            tuple(r.decode_batch), tuple(r.decode_step_s), tuple(r.decode_samples),
+            r.context, r.context_s,
+            tuple(r.prefill_chunk), tuple(r.prefill_tok_s), tuple(r.prefill_samples),
+        )  # fmt: skip
 
     @property
     def empty(self) -> bool:
@@ -176,18 +155,6 @@ def _finite_in(x: Any, lo: float, hi: float) -> bool:
         and math.isfinite(x)
         and lo <= x <= hi
     )
-
-
-def _number(v: Any, key: str) -> float:
-    if not isinstance(v, int | float) or isinstance(v, bool):
-        raise ValueError(f"steps.{key}: expected numbers, got {type(v).__name__}")
-    return float(v)
-
-
-def _int(v: Any, key: str) -> int:
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise ValueError(f"steps.{key}: expected integers, got {type(v).__name__}")
-    return v
 
 
 # ---------------------------------------------------------------- worker-side statistics

@@ -42,11 +42,16 @@ MAX_DELTAS_PER_FRAME = 1 << 12  # requests in one StepTokens
 MAX_BATCH = 1 << 12  # messages in one batch frame
 MAX_TOKEN_ID = 1 << 31
 MAX_TEXT_CHARS = 1 << 20
-MAX_STATS_KEYS = 64
 MAX_STOP_STRINGS = 16
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI's
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
 MAX_SCHEMA_CHARS = 1 << 18  # a JSON Schema's text
+# A worker's step model (common/steptime.py StepModel, Heartbeat.steps).
+STEP_POINTS = 64  # entries per list: one per batch size or chunk bucket
+MAX_STEP_S = 3600.0
+MAX_CONTEXT = 10_000_000  # tokens of context per row
+COUNT_CAP = 1_000_000  # sample counters stop here (they only weigh evidence)
+MAX_CHUNK = 1 << 30  # prompt tokens in a prefill chunk bucket
 MAX_FLOAT = sys.float_info.max  # ``le=MAX_FLOAT`` refuses infinity; every bound refuses NaN
 
 # The bounded types the messages are declared with (common/protocol.py).
@@ -124,29 +129,7 @@ def _ready(m: p.Ready) -> Problem | None:
 
 
 def _heartbeat(m: p.Heartbeat) -> Problem | None:
-    return _first(
-        _within("rows", len(m.active) + len(m.queued), 0, MAX_ROWS),
-        tree_problem(m.cache, 1, "cache"),
-        tree_problem(m.steps, 1, "steps"),
-    )
-
-
-_NUMERIC_STATS = (
-    "prompt_tokens",
-    "cached_tokens",
-    "output_tokens",
-    "worker_queue_s",
-    "prefill_s",
-    "decode_s",
-)
-
-
-def _done(m: p.Done) -> Problem | None:
-    for key in _NUMERIC_STATS:
-        v = m.stats.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v < 0):
-            return _bad(f"done.stats.{key} must be a number >= 0, got {v!r}")
-    return tree_problem(m.stats, 1, "stats")
+    return _within("rows", len(m.active) + len(m.queued), 0, MAX_ROWS)
 
 
 def _step_tokens(m: p.StepTokens) -> Problem | None:
@@ -202,7 +185,6 @@ def _status_reply(m: p.StatusReply) -> Problem | None:
 _CHECKS: dict[str, Check] = {  # by message tag; the others have no rule across fields
     "ready": _ready,
     "heartbeat": _heartbeat,
-    "done": _done,
     "step_tokens": _step_tokens,
     "tokens": _token_delta,
     "assign": _assign,

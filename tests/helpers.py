@@ -118,7 +118,7 @@ class Harness:
         return msg
 
     def heartbeat(self, wid: str, seq: int, active=(), queued=(), blocks=None, steps=None) -> None:
-        cache = {"full": True, "seq": seq, "blocks": list(blocks or [])}
+        cache = p.CacheReport(full=True, seq=seq, blocks=list(blocks or []))
         hb = p.Heartbeat(wid, seq, list(active), list(queued), 0, 8192, cache, steps)
         self.workers[wid].send(hb)
         self.pump()

@@ -123,4 +123,4 @@ class TwinLoop:
                 return
             rec.finish_reason = msg.finish_reason
             rec.output_tokens = len(rec.token_s)
-            rec.stats = dict(msg.stats)
+            rec.stats = msg.stats.as_dict()

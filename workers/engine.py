@@ -336,8 +336,8 @@ class Engine:
     def _reservation(req: Request) -> int:
         return reservation(len(req.prompt), req.max_tokens, req.prefill_only)
 
-    def _stats(self, req: Request) -> dict[str, Any]:
-        return {**req.stats(), "worker": self.worker_id}
+    def _stats(self, req: Request) -> p.DoneStats:
+        return p.replace(req.stats(), worker=self.worker_id)
 
     # ------------------------------------------------------------ heartbeats
     def maybe_heartbeat(self) -> None:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tandem.common import protocol as p
 from tandem.common.blocks import CacheLog, block_hashes
 
 DEVICE, HOST = "device", "host"
@@ -174,13 +175,13 @@ class PrefixCache:
         freed = self.evict(0)  # over by this entry at most; it is pinned while restored
         return freed
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> p.CacheReport:
         """The heartbeat's ``cache`` field (common/blocks.py): every tier's blocks, and
         with a host tier the device's own report and the restore rate."""
         out = self.log.report()
         if self.capacity[HOST]:
-            out["device"] = self.device_log.report()
-            out["restore_tok_s"] = round(self.restore_tok_s)
+            device, rate = self.device_log.report(), float(round(self.restore_tok_s))
+            return p.replace(out, device=device, restore_tok_s=rate)
         return out
 
     def tiers(self) -> dict[str, int]:

@@ -99,16 +99,16 @@ class Request:
             decode_remaining=self.decode_remaining,
         )
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> p.DoneStats:
         t_prefilled = self.t_first or self.t_done
-        return {
-            "prompt_tokens": len(self.prompt),
-            "cached_tokens": self.n_cached,
-            "output_tokens": len(self.output),
-            "worker_queue_s": max(0.0, (self.t_admit or self.t_done) - self.t_arrive),
-            "prefill_s": max(0.0, t_prefilled - self.t_admit) if self.t_admit else 0.0,
-            "decode_s": max(0.0, self.t_done - self.t_first) if self.t_first else 0.0,
-        }
+        return p.DoneStats(
+            prompt_tokens=len(self.prompt),
+            cached_tokens=self.n_cached,
+            output_tokens=len(self.output),
+            worker_queue_s=max(0.0, (self.t_admit or self.t_done) - self.t_arrive),
+            prefill_s=max(0.0, t_prefilled - self.t_admit) if self.t_admit else 0.0,
+            decode_s=max(0.0, self.t_done - self.t_first) if self.t_first else 0.0,
+        )
 
 
 class TextStream:

@@ -34,8 +34,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
+from tandem.common import protocol as p
 from tandem.common.steptime import StepStats
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,7 @@ class StepTimer:
         sent, now_steps = self._sent_steps, self.stats.decode_estimates()
         return any(abs(est / sent[b] - 1) >= MOVED for b, est in now_steps.items() if b in sent)
 
-    def report(self) -> dict[str, Any] | None:
+    def report(self) -> p.StepReport | None:
         """The model's wire form when due: at once with a new batch size or a moved
         estimate, else when it changed (at most every ``every_s``), and every
         ``resend_s`` anyway."""

@@ -52,7 +52,7 @@ def test_leaving_a_stream_early_cancels_and_a_finished_one_does_not(tmp_path: Pa
             done = c.events("hi", request_id="r2", max_tokens=1)
             task = asyncio.ensure_future(anext(done))
             who, _ = await router.recv()
-            router.send(who, p.Done("r2", "length", {}))
+            router.send(who, p.Done("r2", "length"))
             assert isinstance(await task, Result)
             await done.aclose()  # finished: nothing to cancel
             await asyncio.sleep(0.1)
@@ -82,7 +82,7 @@ def test_a_restarted_reader_keeps_the_one_watcher_and_a_close_still_fails_reques
             first = c.events("hi", request_id="r1", max_tokens=1)
             task = asyncio.ensure_future(anext(first))
             who, _ = await router.recv()
-            router.send(who, p.Done("r1", "length", {}))
+            router.send(who, p.Done("r1", "length"))
             assert isinstance(await task, Result)
             await first.aclose()
             watcher = c._watcher

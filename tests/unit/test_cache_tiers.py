@@ -130,7 +130,7 @@ def test_evicted_entries_move_to_the_host_tier_and_are_matched_there():
     assert c.held == {DEVICE: 8, HOST: 8}
     assert c.match(seq(9, 100)).entry is a  # still a hit, from host RAM
     report, device = c.log.report(), c.device_log.report()
-    assert set(a.hashes) <= set(report["blocks"]) and not set(a.hashes) & set(device["blocks"])
+    assert set(a.hashes) <= set(report.blocks) and not set(a.hashes) & set(device.blocks)
 
 
 def test_a_host_hit_is_restored_then_shared_like_a_device_hit():
@@ -212,7 +212,7 @@ def test_heartbeat_reports_say_which_blocks_are_on_the_device():
 def test_no_host_tier_no_device_report():
     c = PrefixCache(BS, 100, 4)
     c.insert(seq(8), "a")
-    assert "device" not in c.report()
+    assert c.report().device is None
 
 
 def test_host_hits_are_priced_as_restores():

@@ -55,7 +55,7 @@ def test_a_silent_worker_is_given_up_when_the_events_say_so_and_its_request_move
     (assign,) = [m for peer, m in sent(c) if peer == b"a" and isinstance(m, p.Assign)]
     c.tick(2.9)  # within the window (6 heartbeats of 0.5 s, at least 3 s)
     assert set(c.workers) == {"a", "b"}
-    hb = p.Heartbeat("b", 1, [], [], 0, 8192, {"full": True, "seq": 1, "blocks": []})
+    hb = p.Heartbeat("b", 1, [], [], 0, 8192, p.CacheReport(full=True, seq=1))
     c.worker(b"b", hb, 9.0)  # b speaks, a does not
     c.tick(10.0)
     assert set(c.workers) == {"b"}

@@ -98,7 +98,7 @@ class Session:
         blocks = [h for pre in PREFIXES[: self.rng.randrange(3)] for h in block_hashes(pre, 16)]
         self.seq[wid] += 1
         seq = self.seq[wid]
-        cache = {"full": True, "seq": seq, "blocks": blocks}
+        cache = p.CacheReport(full=True, seq=seq, blocks=blocks)
         self.link.from_worker(
             wid, p.Heartbeat(wid, seq, rows[:split], rows[split:], 0, 8192, cache)
         )
@@ -118,7 +118,7 @@ class Session:
             return
         wid, rid = self.rng.choice(live)
         _, budget, seen = self.assigned[wid].pop(rid)
-        stats = {"output_tokens": seen, "prompt_tokens": 1, "cached_tokens": 0}
+        stats = p.DoneStats(output_tokens=seen, prompt_tokens=1, cached_tokens=0)
         reason = p.FinishReason.EOS if seen < budget else "length"
         self.link.from_worker(wid, p.Done(rid, reason, stats))
 

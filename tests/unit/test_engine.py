@@ -76,8 +76,8 @@ def test_generation_runs_to_length_and_reports_stats():
     assert d.finish_reason == "length"
     texts = "".join(m.text for m in out if isinstance(m, p.TokenDelta))
     assert texts == "<100><101><102>"
-    assert d.stats["output_tokens"] == 3 and d.stats["prompt_tokens"] == 6
-    assert d.stats["worker"] == "w0"
+    assert d.stats.output_tokens == 3 and d.stats.prompt_tokens == 6
+    assert d.stats.worker == "w0"
 
 
 def test_eos_stops_unless_ignored():
@@ -87,8 +87,8 @@ def test_eos_stops_unless_ignored():
     e.submit(req("b", max_tokens=3, ignore_eos=True))
     run_all(e)
     d = done(out)
-    assert d["a"].finish_reason == "eos" and d["a"].stats["output_tokens"] == 1
-    assert d["b"].finish_reason == "length" and d["b"].stats["output_tokens"] == 3
+    assert d["a"].finish_reason == "eos" and d["a"].stats.output_tokens == 1
+    assert d["b"].finish_reason == "length" and d["b"].stats.output_tokens == 3
 
 
 def test_stop_string_ends_generation_and_is_not_emitted():
@@ -123,10 +123,10 @@ def test_cache_hit_skips_prefill_work():
     e.submit(Request("hit", prefix + [50, 51, 52], SamplingParams(max_tokens=2)))
     run_all(e)
     d = done(out)["hit"]
-    assert d.stats["cached_tokens"] == 16
+    assert d.stats.cached_tokens == 16
     assert b.fed - fed_before == 3, "only the uncached tail is computed"
     hb = e.heartbeat()
-    assert hb.cache["full"] is True and len(hb.cache["blocks"]) >= 4
+    assert hb.cache.full is True and len(hb.cache.blocks) >= 4
 
 
 def test_kv_pressure_evicts_cache_entries_before_failing_requests():
@@ -205,12 +205,12 @@ def test_full_block_listing_is_resent_periodically():
 
     e, _, _ = make()
     e.cache.log.report()  # consume the initial full listing
-    assert e.heartbeat().cache["full"] is False
+    assert e.heartbeat().cache.full is False
     e._last_full = _time.monotonic() - e.cfg.full_resync_s - 1
     out_before = len(e.emit.__self__)
     e.maybe_heartbeat()
     hb = e.emit.__self__[out_before]
-    assert isinstance(hb, p.Heartbeat) and hb.cache["full"] is True
+    assert isinstance(hb, p.Heartbeat) and hb.cache.full is True
 
 
 def test_warm_up_runs_a_full_chunk_and_every_power_of_two_batch_then_holds_nothing() -> None:

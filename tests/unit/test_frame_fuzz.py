@@ -186,7 +186,13 @@ def test_the_scan_finds_exactly_the_frames_nested_past_the_limit(value, wrap, pa
         ),
         p.Assign("a", [(i * 7919) % 49_152 for i in range(20_000)], p.SamplingParams(8)),
         p.Heartbeat(
-            "w", 3, [p.RequestRow(f"r{i}", 900, 0, 0, 4) for i in range(200)], [], 1, 9, {}
+            "w",
+            3,
+            [p.RequestRow(f"r{i}", 900, 0, 0, 4) for i in range(200)],
+            [],
+            1,
+            9,
+            p.CacheReport(True, 1, blocks=list(range(1 << 40, (1 << 40) + 300))),
         ),
         p.Submit("r", prompt="漢字" * 50_000),
     ],

@@ -50,7 +50,7 @@ def test_deltas_waiting_together_reach_the_client_as_one_frame_before_done(h: Ha
     for i in range(3):  # queued before the router drains: one drain sees all of them
         sock.send(p.TokenDelta(wid1, [10 + i], f"<{i}>"))
         sock.send(p.TokenDelta(wid2, [20 + i], f"[{i}]"))
-    sock.send(p.Done(wid1, p.FinishReason.LENGTH, {"output_tokens": 3}))
+    sock.send(p.Done(wid1, p.FinishReason.LENGTH, p.DoneStats(output_tokens=3)))
     h.pump()
     msgs = _client_msgs(h)
     kinds = [(type(m).__name__, m.request_id) for m in msgs]
@@ -269,7 +269,9 @@ def test_a_forced_policy_waits_for_its_full_worker_rather_than_use_another(
         h.pump()  # held: a is full, and b is not a's
         assert not h.workers["b"].poll(200) and not h.workers["a"].poll(50)
         assert not h.client.poll(50)  # neither accepted elsewhere nor failed
-        h.workers["a"].send(p.Done(first.request_id, p.FinishReason.LENGTH, {"output_tokens": 1}))
+        h.workers["a"].send(
+            p.Done(first.request_id, p.FinishReason.LENGTH, p.DoneStats(output_tokens=1))
+        )
         h.pump()
         assert h.assigned("a").tokens == r2
         accepted = [m for m in _client_msgs(h) if isinstance(m, p.Accepted)]
@@ -301,7 +303,7 @@ def test_what_one_pass_owes_a_peer_leaves_in_one_frame(h: Harness) -> None:
     sock = h.workers["a"]
     sock.send(p.StepTokens(wids, [[5], [6], [7]], ["a", "b", "c"]))
     for wid in wids[:2]:
-        sock.send(p.Done(wid, p.FinishReason.LENGTH, {"output_tokens": 1}))
+        sock.send(p.Done(wid, p.FinishReason.LENGTH, p.DoneStats(output_tokens=1)))
     h.pump()
     (frame,) = _raw_frames(h.client)  # tokens and Dones read in one drain: one frame
     kinds = [(type(m).__name__, m.request_id) for m in frame]
@@ -384,7 +386,7 @@ def test_a_client_may_not_send_a_batch(h: Harness) -> None:
 def test_a_worker_batch_is_handled_entry_by_entry_and_a_bad_entry_refused(h: Harness) -> None:
     wid1, wid2 = _two_requests_on_a(h)
     sock = h.workers["a"]
-    done = p.Done(wid1, p.FinishReason.LENGTH, {"output_tokens": 1})
+    done = p.Done(wid1, p.FinishReason.LENGTH, p.DoneStats(output_tokens=1))
     bad = {"type": "tokens", "request_id": wid2, "token_ids": [-3], "text": ""}
     step = p.StepTokens([wid1, wid2], [[10], [20]], ["a", "b"])
     later = p.TokenDelta(wid2, [21], "c")
@@ -424,7 +426,9 @@ def test_a_bug_on_one_batch_entry_does_not_lose_the_others(
         return relay(w, msg, now)
 
     monkeypatch.setattr(h.core, "relay", flaky)
-    done = [p.Done(wid, p.FinishReason.LENGTH, {"output_tokens": 0}) for wid in (wid1, wid2)]
+    done = [
+        p.Done(wid, p.FinishReason.LENGTH, p.DoneStats(output_tokens=0)) for wid in (wid1, wid2)
+    ]
     h.workers["a"].sock.send(p.encode_batch(done))
     h.pump()
     assert [(type(m), m.request_id) for m in _client_msgs(h)] == [(p.Done, "r2")]
@@ -438,7 +442,7 @@ def test_an_accepted_waits_briefly_to_leave_with_the_first_output(tmp_path: Path
         h.pump()
         wid = h.assigned("a").request_id
         assert not h.client.sock.poll(50)  # held: the output may come with it
-        done = p.Done(wid, p.FinishReason.LENGTH, {"output_tokens": 1})
+        done = p.Done(wid, p.FinishReason.LENGTH, p.DoneStats(output_tokens=1))
         h.workers["a"].sock.send(p.encode_batch([p.TokenDelta(wid, [7], "x"), done]))
         h.pump()
         (frame,) = _raw_frames(h.client)  # one frame: Accepted, the token, the Done

@@ -142,7 +142,7 @@ def test_relayed_tokens_and_done_reconcile_with_heartbeats(h: Harness) -> None:
     # A stale heartbeat claiming more work left does not raise the budget again.
     h.heartbeat("a", 2, active=[row(wid, 64, 0, 0, 32)])
     assert h.view("a", prompt(1)).active == (Load(0, 27),)
-    h.workers["a"].send(p.Done(wid, "length", {"output_tokens": 32}))
+    h.workers["a"].send(p.Done(wid, "length", p.DoneStats(output_tokens=32)))
     h.pump()
     # Finished: gone, even though the last heartbeat still lists it.
     v = h.view("a", prompt(1))
@@ -168,10 +168,10 @@ def test_router_options_reach_log_and_status(make: Callable[..., Harness]) -> No
 def test_decode_ratio_scales_every_budget() -> None:
     cal = Calibration(decode_estimate="ratio")
     for _ in range(3):
-        cal.on_done({"output_tokens": 32}, "eos", 128)
+        cal.on_done(p.DoneStats(output_tokens=32), "eos", 128)
     assert cal.ratio == 1.0  # too few samples yet
-    cal.on_done({"output_tokens": 32}, "length", 128)
-    cal.on_done({"output_tokens": 0}, "cancelled", 128)  # ignored
+    cal.on_done(p.DoneStats(output_tokens=32), "length", 128)
+    cal.on_done(p.DoneStats(output_tokens=0), "cancelled", 128)  # ignored
     assert cal.ratio == 0.25
     assert cal.route_request(100, 128).max_tokens == 32
     v = WorkerView("a", 100.0, (50.0,), active=(Load(0, 100),), queued=(Load(7, 9),))
@@ -209,13 +209,13 @@ def test_a_lost_worker_s_requests_move_on_in_order_streams_after_their_output(
     accepted = [h.recv(h.client) for _ in range(2)]  # none again for the migrated stream
     assert [(m.request_id, m.worker_id) for m in accepted] == [("unseen-1", "b"), ("unseen-2", "b")]
     h.workers["b"].send(p.TokenDelta(again[0].request_id, [6], "t6"))
-    h.workers["b"].send(p.Done(again[0].request_id, "length", {"output_tokens": 1}))
+    h.workers["b"].send(p.Done(again[0].request_id, "length", p.DoneStats(output_tokens=1)))
     h.pump()
     assert h.recv(h.client) == p.TokenDelta("seen", [6], "t6")
     done = h.recv(h.client)
-    assert isinstance(done, p.Done) and done.stats["rerouted_from"] == ["a"]
-    assert (done.stats["worker"], done.stats["output_tokens"]) == ("b", 2)
-    assert done.stats["migrated_tokens"] == 1
+    assert isinstance(done, p.Done) and done.stats.rerouted_from == ["a"]
+    assert (done.stats.worker, done.stats.output_tokens) == ("b", 2)
+    assert done.stats.migrated_tokens == 1
 
 
 # ------------------------------------------------------------ live step-time pricing
@@ -318,7 +318,7 @@ def test_a_finished_prompt_is_cached_there_before_any_heartbeat_says_so(h: Harne
     assert h.submit("r1", prompt).worker_id == "a"
     wid = h.assigned("a").request_id
     assert h.view("a", prompt).cached_tokens == 0
-    h.workers["a"].send(p.Done(wid, p.FinishReason.LENGTH, {}))
+    h.workers["a"].send(p.Done(wid, p.FinishReason.LENGTH))
     h.pump()
     # The worker kept the prompt's blocks (all but the last token's): routing knows now.
     assert h.view("a", prompt).cached_tokens == 48

@@ -90,7 +90,7 @@ def test_the_serving_engine_reports_the_warm_up_in_its_first_heartbeat(gpu) -> N
     engine.timer.adopt(warm.stats)
     engine.maybe_heartbeat()
     beat = next(m for m in out if isinstance(m, p.Heartbeat))
-    assert beat.steps is not None and 16 in beat.steps["b"]
+    assert beat.steps is not None and 16 in beat.steps.decode_batch
 
 
 def test_a_skewed_device_is_measured_at_what_a_run_of_its_steps_takes() -> None:

@@ -93,7 +93,7 @@ def test_cache_log_deltas_and_gaps():
     log.add([2, 3])  # 2 is refcounted: no change on the wire
     log.remove([1])
     rep = log.report()
-    assert rep["added"] == [3] and rep["removed"] == [1]
+    assert rep.added == [3] and rep.removed == [1]
     assert view.apply(rep) and view.held == {2, 3}
     log.remove([2])
     assert view.held == {2, 3}  # not reported yet

@@ -47,12 +47,21 @@ EXAMPLES = [
         ["a", "bc"],
         [None, [p.TokenLogprob(6, "b", -1.0), p.TokenLogprob(7, "\ufffd", float("-inf"))]],
     ),
-    p.Done("r1", p.FinishReason.LENGTH, {"ttft_s": 0.1, "worker": "cpu0"}),
+    p.Done("r1", p.FinishReason.LENGTH, p.DoneStats(ttft_s=0.1, worker="cpu0")),
     p.Error(p.BAD_REQUEST, "nope", "r1"),
     p.Error(p.BAD_FRAME, "nope"),
     p.Ready("w", "llama.cpp", "cpu", "m.gguf", 4, 8192, 16, 200.0, [50.0, 80.0], 0.5, {"k": 1}),
-    p.Heartbeat("w", 3, [p.RequestRow("a", 9, 0, 0, 4)], [], 10, 100, {"full": True}),
-    p.Heartbeat("w", 4, [], [], 0, 100, {}, steps={"b": [1], "s": [0.01], "n": [3]}),
+    p.Heartbeat("w", 3, [p.RequestRow("a", 9, 0, 0, 4)], [], 10, 100, p.CacheReport(True, 1)),
+    p.Heartbeat(
+        "w",
+        4,
+        [],
+        [],
+        0,
+        100,
+        p.CacheReport(False, 2, added=[1 << 62], base=1),
+        steps=p.StepReport([1], [0.01], [3]),
+    ),  # fmt: skip
     p.Assign("a", [1, 2], p.SamplingParams(8, stop=["x"], prefill_only=True)),
     p.Reregister(),
     p.Reregister(tokenizer=True),
@@ -89,7 +98,8 @@ def test_integers_are_accepted_where_floats_are_expected():
 
 def test_nested_types_are_decoded_and_checked():
     hb = _frame(type="heartbeat", worker_id="w", seq=1, queued=[], kv_used_tokens=0,
-                kv_capacity_tokens=1, cache={}, active=[{"id": "a", "prompt": 1}])  # fmt: skip
+                kv_capacity_tokens=1, cache={"full": True, "seq": 1},
+                active=[{"id": "a", "prompt": 1}])  # fmt: skip
     with pytest.raises(p.ProtocolError, match="missing field 'cached'"):
         p.decode(hb)
     done = p.decode(_frame(type="done", request_id="r", finish_reason="eos"))
@@ -327,10 +337,10 @@ def test_arbitrary_bytes_after_a_batch_head_only_ever_raise_protocol_error(data)
 
 
 def test_keys_other_than_strings_inside_free_form_values_are_refused():
-    frame = _frame(type="done", request_id="r", finish_reason="eos", stats={"a": {1: 2}})
+    frame = _frame(type="submit", request_id="r", messages=[{"a": {1: 2}}])
     with pytest.raises(p.ProtocolError, match="keys must be strings"):
         p.decode(frame)
-    bad = {"type": "done", "request_id": "r", "finish_reason": "eos", "stats": {"a": {1: 2}}}
+    bad = {"type": "submit", "request_id": "r", "messages": [{"a": {1: 2}}]}
     (entry,) = p.decode_all(_frame(type="batch", messages=[bad]))
     assert isinstance(entry, p.ProtocolError) and "keys must be strings" in entry.message
 

@@ -41,10 +41,13 @@ def ready(**kw: object) -> p.Ready:
     return p.Ready(**fields)
 
 
+IDLE = p.CacheReport(full=False, seq=1, base=1)  # a cache report of no change
+
+
 def rows_hb(active: list[tuple], queued: tuple[tuple, ...] | list[tuple] = ()) -> p.Heartbeat:
     """A heartbeat listing these rows (id, prompt, cached, prefill left, decode left)."""
     return p.Heartbeat("w", 1, [p.RequestRow(*r) for r in active],
-                       [p.RequestRow(*r) for r in queued], 0, 1, {})  # fmt: skip
+                       [p.RequestRow(*r) for r in queued], 0, 1, IDLE)  # fmt: skip
 
 
 # ------------------------------------------------------------ bounds on decoded fields
@@ -58,14 +61,14 @@ def rows_hb(active: list[tuple], queued: tuple[tuple, ...] | list[tuple] = ()) -
         (ready(worker_id="x" * 1000), "worker_id"),
         (ready(decode_tok_s=[1.0] * 5), "decode_tok_s"),
         (
-            p.Heartbeat("w", 1, [p.RequestRow("r", -1, 0, 0, 0)], [], 0, 1, {}),
+            p.Heartbeat("w", 1, [p.RequestRow("r", -1, 0, 0, 0)], [], 0, 1, IDLE),
             r"active\[0\].prompt",
         ),
         (rows_hb([("a", 1, 0, 0, 0)], [("b", 1, 0, 0, 2**41)]), "decode_remaining"),
         (rows_hb([("a", 1, 0, 0, 0), ("b\x00", 1, 0, 0, 0)]), r"active\[1\].id"),
         (rows_hb([], [("", 1, 0, 0, 0)]), r"queued\[0\].id"),
-        (p.Heartbeat("w", 1, [], [], 0, 1, {"a": [[[[[[[[[[1]]]]]]]]]]}), "nest"),
-        (p.Done("r", p.FinishReason.LENGTH, {"prefill_s": "soon"}), "prefill_s"),
+        (p.Submit("r", messages=[{"a": [[[[[[[[[[1]]]]]]]]]]}]), "nest"),
+        (p.Done("r", p.FinishReason.LENGTH, p.DoneStats(prefill_s="soon")), "prefill_s"),
         (p.TokenDelta("r", [-5], ""), r"token_ids\[0\]"),
         (p.Submit("r", prompt="x", sampling=p.SamplingParams(temperature=float("nan"))), "temp"),
         (p.Error(p.OVERLOADED, "full", "r", retry_after_s=-1.0), "retry_after_s"),
@@ -78,7 +81,7 @@ def test_out_of_bounds_fields_are_refused_by_the_decoder(msg: p.Message, needle:
 
 
 def test_in_bounds_messages_still_decode() -> None:
-    for msg in (ready(), p.Done("r", p.FinishReason.EOS, {"prefill_s": 0.1, "worker": "w"})):
+    for msg in (ready(), p.Done("r", p.FinishReason.EOS, p.DoneStats(prefill_s=0.1, worker="w"))):
         assert p.decode(p.encode(msg)) == msg
 
 
@@ -103,7 +106,7 @@ def test_tokens_from_a_worker_that_does_not_own_the_request_are_dropped(h: Harne
     wid = pinned_to_a(h)
     assert wid.startswith(h.core.ids.epoch + ".")
     h.workers["b"].send(p.TokenDelta(wid, [9], "forged"))
-    h.workers["b"].send(p.Done(wid, p.FinishReason.LENGTH, {}))
+    h.workers["b"].send(p.Done(wid, p.FinishReason.LENGTH))
     h.pump()
     assert not h.client.poll(50)
     h.workers["a"].send(p.TokenDelta(wid, [5], "t5"))
@@ -147,7 +150,7 @@ def test_a_worker_at_its_inflight_cap_leaves_requests_waiting_in_order(tmp_path:
         h.pump()
         assert not h.client.poll(50) and [r.submit.request_id for r in h.core.pending] == ["r1"]
         first = h.assigned("a")
-        h.workers["a"].send(p.Done(first.request_id, p.FinishReason.LENGTH, {}))
+        h.workers["a"].send(p.Done(first.request_id, p.FinishReason.LENGTH))
         h.pump()
         assert isinstance(h.recv(h.client), p.Done)
         assert h.recv(h.client).request_id == "r1"  # Accepted once there is room
@@ -285,7 +288,7 @@ def test_worker_frames_waiting_in_the_socket_are_read_before_anything_expires(
     h.add_worker("b", FAST)
     for w in h.core.workers.values():
         w.last_seen -= 100.0  # as if a long loop turn had kept the router away
-    cache = {"full": True, "seq": 1, "blocks": []}
+    cache = p.CacheReport(full=True, seq=1)
     h.workers["a"].send(p.Heartbeat("a", 1, [], [], 0, 8192, cache))
     assert h.router.worker_sock.sock.poll(1000)
     h.router.turn()

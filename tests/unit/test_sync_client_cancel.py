@@ -33,7 +33,7 @@ def _router(address: str, ready: threading.Event, seen: list[p.Message]) -> None
                     sock.send_multipart([who, p.encode(out)])
             elif isinstance(msg, p.Submit):
                 for out in (p.Accepted(msg.request_id, "w", 1),
-                            p.Done(msg.request_id, "length", {})):  # fmt: skip
+                            p.Done(msg.request_id, "length")):  # fmt: skip
                     sock.send_multipart([who, p.encode(out)])
     finally:
         sock.close()

@@ -40,13 +40,17 @@ def test_heartbeats_are_repeated_for_a_busy_compute_thread_but_not_a_stuck_one()
         assert isinstance(msg, p.Ready)
         router.send(identity, p.Welcome(policy="phase_cost"))
         assert link.registered.wait(2)
-        link.emit(p.Heartbeat("w", 1, [], [], 0, 8192, {}))  # then the compute thread is busy
+        link.emit(
+            p.Heartbeat("w", 1, [], [], 0, 8192, p.CacheReport(False, 1, base=1))
+        )  # then the compute thread is busy
         assert heartbeats_within(router, 0.4) >= 3  # repeated: a long step is not death
         time.sleep(0.6)  # silent well past stall_s: stuck
         while router.sock.poll(0):
             router.recv()  # what was repeated before the stall
         assert heartbeats_within(router, 0.5) == 0
-        link.emit(p.Heartbeat("w", 2, [], [], 0, 8192, {}))  # it speaks again
+        link.emit(
+            p.Heartbeat("w", 2, [], [], 0, 8192, p.CacheReport(False, 1, base=1))
+        )  # it speaks again
         assert heartbeats_within(router, 0.3) >= 2
     finally:
         stop.set()
@@ -65,7 +69,7 @@ def test_what_waits_together_leaves_as_one_frame_and_a_done_never_overtakes_toke
                     tiny_tokenizer())  # fmt: skip
     link = WorkerLink(address, ready, queue.Queue())
     first = [p.TokenDelta(f"r{i % 3}", [i], f"t{i}") for i in range(7)]
-    done = p.Done("r0", p.FinishReason.LENGTH, {"output_tokens": 3})
+    done = p.Done("r0", p.FinishReason.LENGTH, p.DoneStats(output_tokens=3))
     for msg in [*first, done, p.TokenDelta("r1", [99], "!")]:
         link.emit(msg)
     stop = threading.Event()
@@ -82,7 +86,7 @@ def test_what_waits_together_leaves_as_one_frame_and_a_done_never_overtakes_toke
         assert got_done == done and last == p.TokenDelta("r1", [99], "!")
         router.send(identity, p.Welcome(policy="phase_cost"))
         assert link.registered.wait(2)
-        hb = p.Heartbeat("w", 1, [], [], 0, 8192, {})
+        hb = p.Heartbeat("w", 1, [], [], 0, 8192, p.CacheReport(False, 1, base=1))
         for msg in [p.TokenDelta("r2", [5], "a"), hb, p.TokenDelta("r2", [6], "b")]:
             link.emit(msg)
         got = []
