@@ -6,8 +6,8 @@
 ``speed``: side by side in one process, per prefix length: prefill (``llama_decode``
 of the tokens), save (``llama_state_seq_get_data``) and restore
 (``llama_state_seq_set_data``) seconds and tokens a second, the saved bytes a
-token; and a batch-1 decode step's time with 0, 1,024 and 4,096 other cells held in
-the pool (why llama.cpp on a CPU keeps its device tier small).
+token; and a batch-1 decode step with and without 4,096 other cells held in
+the pool, two contexts alternated step by step (``decode``: that alone).
 
 ``conversation``: multi-turn conversations through the real engine and backend (no
 router: one worker), each turn's prompt the previous turn's prompt, its output and
@@ -57,7 +57,7 @@ def _feed(b: LlamaBackend, seq: int, tokens: list[int], pos0: int, chunk: int) -
 def speed(lengths: list[int], threads: int, repeats: int) -> dict[str, Any]:
     chunk = 256
     b = LlamaBackend(default_model_path(), n_ctx=8192, threads=threads, max_active=4,
-                     cache_entries=8, step_tokens=chunk)  # fmt: skip
+                     cache_entries=24, step_tokens=chunk)  # fmt: skip
     b.free_seqs.remove(0)  # sequence 0 is prefilled below; restores go to the next id
     rng = random.Random(7)
     rows = []
@@ -86,37 +86,51 @@ def speed(lengths: list[int], threads: int, repeats: int) -> dict[str, Any]:
                      "restore_tok_s": n / best["restore_s"],
                      "restore_vs_prefill": best["prefill_s"] / best["restore_s"]})  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
-    decode = _decode_vs_cells(b, [0, 1024, 4096], chunk)
     b.close()
+    decode = decode_with_cells_held(threads)
+    print(json.dumps(decode), flush=True)
     shape = kv_bytes_per_token(default_model_path())
     return {"threads": threads, "kv_bytes_per_token_shape": shape, "rows": rows,
-            "decode_step_ms_by_cells_held": decode}  # fmt: skip
+            "decode": decode}  # fmt: skip
 
 
-def _decode_vs_cells(b: LlamaBackend, held: list[int], chunk: int) -> dict[int, float]:
-    """Median batch-1 decode step (ms) with ``h`` cells of another sequence in the pool."""
-    rng = random.Random(3)
-    out = {}
-    for h in held:
-        L.llama_memory_clear(b.mem, True)
-        if h:  # fast: a state restored, not prefilled (the cells are what counts)
-            _feed(b, 2, rng.choices(_IDS, k=min(h, 256)), 0, chunk)
-            state = llama_state.save(b, 2)
-            assert state is not None
-            for k in range(h // 256):  # copies in sequences of their own
-                L.llama_state_seq_set_data(b.ctx, state.data, state.nbytes, 3 + k)
-        _feed(b, 0, rng.choices(_IDS, k=64), 0, chunk)
-        steps = []
-        for i in range(12):
+def decode_with_cells_held(threads: int, held: int = 4096, steps: int = 40) -> dict[str, Any]:
+    """A batch-1 decode step with and without ``held`` cells of other sequences (cache
+    entries) in the pool: two contexts, the same sequence, alternated step by step so
+    that the machine's load moves under both alike. Median and least, in ms."""
+    rng = random.Random(5)
+
+    def context() -> LlamaBackend:
+        return LlamaBackend(default_model_path(), n_ctx=8192, threads=threads, max_active=4,
+                            cache_entries=24, step_tokens=256)  # fmt: skip
+
+    bare, full = context(), context()
+    _feed(full, 2, rng.choices(_IDS, k=256), 0, 256)
+    state = llama_state.save(full, 2)  # 256 cells, copied into sequences of their own
+    assert state is not None
+    L.llama_memory_seq_rm(full.mem, 2, -1, -1)
+    for k in range(held // 256):  # a restore takes free cells: ``held`` cells held
+        got = L.llama_state_seq_set_data(full.ctx, state.data, state.nbytes, 3 + k)
+        assert got == state.nbytes, "no room or no such sequence"
+    prompt = rng.choices(_IDS, k=64)
+    times: dict[str, list[float]] = {"none": [], "held": []}
+    for b in (bare, full):
+        _feed(b, 0, prompt, 0, 256)
+    for i in range(steps):
+        token = rng.choice(_IDS)
+        pair = [("none", bare), ("held", full)]
+        for name, b in pair if i % 2 else pair[::-1]:
             t = time.perf_counter()
-            _feed(b, 0, [rng.choice(_IDS)], 64 + i, chunk)
-            steps.append(time.perf_counter() - t)
-        out[h] = 1000 * statistics.median(steps[2:])
-        print(json.dumps({"cells_held": h, "decode_step_ms": out[h]}), flush=True)
-    return out
+            _feed(b, 0, [token], 64 + i, 256)
+            times[name].append(time.perf_counter() - t)
+    bare.close()
+    full.close()
+    out = {f"{k}_{f.__name__}_ms": 1000 * f(v) for k, v in times.items()
+           for f in (statistics.median, min)}  # fmt: skip
+    return {"cells_held": held, "steps": steps, **out}
 
 
-CONFIGS = {  # name -> EngineConfig cache fields
+CONFIGS: dict[str, dict[str, Any]] = {  # name -> EngineConfig cache fields
     "today": {"cache_tokens": 4096, "cache_entries": 16, "cache_policy": "lru"},
     "small-device": {"cache_tokens": 512, "cache_policy": "lru"},
     "small-device+host": {"cache_tokens": 512, "host_cache_tokens": 100_000},
@@ -201,7 +215,7 @@ def _converse(name: str, engine: Engine, out: list, shape: Shape) -> dict[str, A
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("speed", "conversation"))
+    ap.add_argument("what", choices=("speed", "decode", "conversation"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lengths", default="128,512,1024")
     ap.add_argument("--repeats", type=int, default=2)
@@ -217,6 +231,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.what == "speed":
         lengths = [int(x) for x in args.lengths.split(",")]
         doc: Any = speed(lengths, args.threads, args.repeats)
+    elif args.what == "decode":
+        doc = decode_with_cells_held(args.threads)
+        print(json.dumps(doc))
     else:
         shape = Shape(args.conversations, args.turns, args.system, args.user, args.output)
         doc = conversation(args.config or list(CONFIGS), shape, args.threads, args.rounds)

@@ -76,7 +76,8 @@ def one_round(backend: Any, prompts: list[list[int]], name: str, tokens: int) ->
     if name.endswith("mask-first"):
         ls._sample_constrained = _mask_first
     try:
-        engine = Engine(backend, EngineConfig(max_active=4, step_tokens=128), lambda m: None, "b")
+        cfg = EngineConfig(max_active=4, step_tokens=128, cache_tokens=0)  # seqs freed at the end
+        engine = Engine(backend, cfg, lambda m: None, "b")
         for i, prompt in enumerate(prompts):
             sampling = SamplingParams(max_tokens=tokens, **SETTINGS[name])
             engine.submit(Request(f"{name}-{i}", prompt, sampling))

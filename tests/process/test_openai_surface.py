@@ -66,16 +66,7 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 # ------------------------------------------------------------ a worker that has them
-# Until the llama.cpp worker's side of issue 31 (its sampling, capabilities and logprobs)
-# is committed, a committed tree cannot pass these; they pass against it.
-WORKER_SIDE = pytest.mark.xfail(
-    strict=False,
-    reason="needs the llama.cpp worker's issue-31 sampling (penalties, grammar, logprobs)",
-)
-
-
 @pytest.mark.model
-@WORKER_SIDE
 def test_a_schema_constrains_the_output(llama: str) -> None:
     client = sdk(llama)
     model = client.models.list().data[0].id
@@ -96,7 +87,6 @@ def test_a_schema_constrains_the_output(llama: str) -> None:
 
 
 @pytest.mark.model
-@WORKER_SIDE
 def test_json_object_is_a_json_object(llama: str) -> None:
     client = sdk(llama)
     r = client.chat.completions.create(
@@ -111,7 +101,6 @@ def test_json_object_is_a_json_object(llama: str) -> None:
 
 
 @pytest.mark.model
-@WORKER_SIDE
 def test_logprobs_whole_and_streamed_agree(llama: str) -> None:
     client = sdk(llama)
     kw = dict(model=client.models.list().data[0].id, messages=ASK, max_tokens=8, temperature=0)
@@ -143,7 +132,6 @@ def test_logprobs_whole_and_streamed_agree(llama: str) -> None:
 
 
 @pytest.mark.model
-@WORKER_SIDE
 def test_penalties_and_bias_change_the_text(llama_cluster: tuple[Cluster, str]) -> None:
     cluster, url = llama_cluster
     client = sdk(url)

@@ -1,0 +1,70 @@
+"""Issue 31 on a mixed cluster: a llama.cpp worker on a shaped Qwen2 GGUF and an MLX
+worker on the folder converted from it, behind the gateway, driven by the openai SDK.
+The router sends each request to a worker that can serve it: a JSON schema only to
+llama.cpp (MLX has no grammar engine), logprobs and penalties to either."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tandem.launcher.cluster import Cluster, WorkerSpec
+from tests.helpers import LLAMA_ARGS, needs_llama
+from tests.process.test_families_cluster import MLX_ARGS
+from tests.process.test_families_cluster import qwen2 as qwen2  # the fixture, re-exported
+
+openai = pytest.importorskip("openai")
+jsonschema = pytest.importorskip("jsonschema")
+pytestmark = [pytest.mark.model, pytest.mark.mlx, needs_llama]
+
+# Short by construction: a random-weights model fills strings without end. (Not
+# "minimum" / "maximum": llama-cpp-python's converter leaves integer bounds out of the
+# grammar, and a random model then writes -9999999999999999.)
+SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "n": {"enum": [0, 1, 2, 3]}},
+    "required": ["ok", "n"],
+    "additionalProperties": False,
+}
+ASK = [{"role": "user", "content": "Answer in JSON."}]
+
+
+def worker_of(response: object) -> str:
+    return response.model_extra["tandem"]["worker"]  # type: ignore[attr-defined]
+
+
+def test_each_request_goes_to_a_worker_that_can_serve_it(qwen2: tuple[Path, Path]) -> None:
+    gguf, folder = qwen2
+    workers = [
+        WorkerSpec("cpu0", [*LLAMA_ARGS, "--model", str(gguf)]),
+        WorkerSpec("mlx0", [*MLX_ARGS, "--model", str(folder)]),
+    ]
+    with Cluster(workers=workers, start_timeout_s=180) as cl:
+        client = openai.OpenAI(
+            base_url=f"{cl.start_gateway()}/v1", api_key="x", max_retries=0, timeout=180.0
+        )
+        with cl.client() as c:
+            caps = {w["id"]: set(w["capabilities"]) for w in c.status().workers}
+        assert "json_schema" in caps["cpu0"] and "json_schema" not in caps["mlx0"]
+        assert {"penalties", "logprobs"} <= caps["mlx0"]
+        model = client.models.list().data[0].id
+        fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}
+        for seed in range(3):  # the cost model alone would use both workers
+            r = client.chat.completions.create(
+                model=model, messages=ASK, max_tokens=64, seed=seed, response_format=fmt
+            )
+            assert worker_of(r) == "cpu0"
+            jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
+        for w in ("cpu0", "mlx0"):  # both serve logprobs and penalties
+            r = client.chat.completions.create(
+                model=model, messages=ASK, max_tokens=4, temperature=0, logprobs=True,
+                top_logprobs=2, presence_penalty=1.0, extra_body={"worker": w, "ignore_eos": True},
+            )  # fmt: skip
+            assert worker_of(r) == w and len(r.choices[0].logprobs.content) == 4
+        with pytest.raises(openai.BadRequestError, match="json_schema"):
+            client.chat.completions.create(
+                model=model, messages=ASK, max_tokens=4, response_format=fmt,
+                extra_body={"worker": "mlx0"},
+            )  # fmt: skip
