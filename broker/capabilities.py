@@ -18,11 +18,6 @@ from collections.abc import Iterable
 from tandem.broker.registry import WorkerState
 
 
-def lacks(w: WorkerState, needs: frozenset[str]) -> list[str]:
-    """The capabilities of ``needs`` that ``w`` does not advertise, sorted."""
-    return sorted(needs.difference(w.info.capabilities))
-
-
 def capable_ids(workers: Iterable[WorkerState], needs: frozenset[str]) -> set[str]:
     """The ids of the workers that advertise every capability of ``needs``."""
     return {w.id for w in workers if needs.issubset(w.info.capabilities)}
