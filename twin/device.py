@@ -66,12 +66,11 @@ class Tail:
 
 
 class TwinDevice:
-    """Backend over a SimProfile whose steps advance ``owner.now`` instead of sleeping."""
+    """EngineBackend over a SimProfile whose steps advance ``owner.now`` instead of sleeping."""
 
     name = "sim"
     model_name = "twin"
     vocab_size = VOCAB_SIZE
-    tokenizer_spec = None
     capabilities: tuple[str, ...] = ()  # plain sampling, as the sim backend's
 
     def __init__(

@@ -2,7 +2,7 @@
 
 The engine owns the FIFO queue, the set of active requests (at most
 ``max_active``), the prefix cache index and all request bookkeeping. A backend
-only runs model steps on the batches the engine plans (see ``Backend``). The
+only runs model steps on the batches the engine plans (see ``EngineBackend``). The
 engine runs on the compute thread; it receives messages through ``inbox`` and
 sends through ``emit`` (both provided by the I/O thread, workers/io.py).
 """
@@ -40,16 +40,15 @@ class KVFull(Exception):
     """The backend has no KV room for this step; the engine frees some and retries."""
 
 
-class Backend(Protocol):
-    """What a model backend provides; everything else lives in the engine."""
+class EngineBackend(Protocol):
+    """What the engine needs of a model backend; everything else lives in the engine.
+    (The twin's device is one, on a virtual clock.)"""
 
     name: str  # "llama.cpp", "mlx", "sim"
     device: str  # label shown to users and matched by forced:<selector>
     model_name: str
-    weights_digest: str  # common.gguf_file.weights_digest of the served weights ("" unknown)
     n_ctx: int  # KV cells shared by all sequences
     vocab_size: int
-    tokenizer_spec: TokenizerSpec
     # The sampling capabilities it serves (protocol.Capability values, Ready.capabilities);
     # it may also define ``problem(req) -> str | None``: why it cannot serve a request
     # (checked on arrival, so that ``begin`` never meets one).
@@ -79,10 +78,17 @@ class Backend(Protocol):
     def is_eog(self, token: int) -> bool: ...
 
 
+class Backend(EngineBackend, Protocol):
+    """A worker process's backend: the engine's, and what its Ready tells the router."""
+
+    weights_digest: str  # common.gguf_file.weights_digest of the served weights ("" unknown)
+    tokenizer_spec: TokenizerSpec
+
+
 class Engine:
     def __init__(
         self,
-        backend: Backend,
+        backend: EngineBackend,
         config: EngineConfig,
         emit: Callable[[p.Message], None],
         worker_id: str,

@@ -37,7 +37,7 @@ from tandem.common import protocol as p
 from tandem.common.protocol import SamplingParams
 from tandem.common.ratefit import explain, fit_decode_rates
 from tandem.common.steptime import StepStats, batch_ladder
-from tandem.workers.engine import Backend, Engine, EngineConfig
+from tandem.workers.engine import Engine, EngineBackend, EngineConfig
 from tandem.workers.request import Request, Status
 
 _FIRST_PROMPT_ID = 256  # random prompts avoid control tokens
@@ -95,7 +95,7 @@ class _Collector:
 
 
 def _engine(
-    backend: Backend,
+    backend: EngineBackend,
     max_active: int,
     step_tokens: int,
     clock: Callable[[], float] = time.monotonic,
@@ -125,7 +125,7 @@ def _drain(engine: Engine, until: float | None = None) -> bool:
 
 
 def measure_prefill(
-    backend: Backend, prompt_tokens: int, repeats: int, step_tokens: int, rng: random.Random
+    backend: EngineBackend, prompt_tokens: int, repeats: int, step_tokens: int, rng: random.Random
 ) -> float:
     """Cold prefill tok/s: median over ``repeats`` after one warm-up run."""
     engine, _ = _engine(backend, 1, step_tokens)
@@ -142,7 +142,7 @@ def measure_prefill(
 
 
 def measure_decode(
-    backend: Backend,
+    backend: EngineBackend,
     batch: int,
     decode_tokens: int,
     step_tokens: int,
@@ -182,7 +182,7 @@ class WarmUp:
 
 
 def warm_up(
-    backend: Backend,
+    backend: EngineBackend,
     max_active: int,
     step_tokens: int,
     *,
@@ -288,7 +288,7 @@ def kv_cells_needed(
 
 
 def profile_backend(
-    backend: Backend,
+    backend: EngineBackend,
     max_active: int = 4,
     prompt_tokens: int = 512,
     decode_tokens: int = 32,
