@@ -85,8 +85,9 @@ class TwinWorker:
         self.device = twin_device(profile, self, engine, tail)
         self.inbox: queue.SimpleQueue[p.Message] = queue.SimpleQueue()
         self._out: list[p.Message] = []
-        self.engine = Engine(self.device, engine, self._out.append, worker_id, clock=self._clock)
-        self.engine.inbox = self.inbox  # type: ignore[assignment]  # same get/get_nowait
+        self.engine = Engine(
+            self.device, engine, self._out.append, worker_id, self.inbox, clock=self._clock
+        )
         self.deliver = deliver
         self.links = links
         self._ticking = False

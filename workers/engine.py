@@ -40,6 +40,10 @@ class KVFull(Exception):
     """The backend has no KV room for this step; the engine frees some and retries."""
 
 
+# What the I/O thread (or the twin) hands the engine its messages through.
+Inbox = queue.Queue[p.Message] | queue.SimpleQueue[p.Message]
+
+
 class EngineBackend(Protocol):
     """What the engine needs of a model backend; everything else lives in the engine.
     (The twin's device is one, on a virtual clock.)"""
@@ -92,7 +96,7 @@ class Engine:
         config: EngineConfig,
         emit: Callable[[p.Message], None],
         worker_id: str,
-        inbox: queue.Queue[p.Message] | None = None,
+        inbox: Inbox | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.backend = backend
@@ -100,7 +104,7 @@ class Engine:
         self.emit = emit
         self.worker_id = worker_id
         self.clock = clock  # the twin (twin/) drives the engine on a virtual clock
-        self.inbox: queue.Queue[p.Message] = inbox if inbox is not None else queue.Queue()
+        self.inbox: Inbox = inbox if inbox is not None else queue.Queue()
         self.queue: deque[Request] = deque()
         self.active: list[Request] = []
         self.cache = make_cache(backend, config)

@@ -16,11 +16,10 @@ the worker simply re-registers.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import zmq
@@ -28,6 +27,9 @@ import zmq
 from tandem.common import protocol as p
 from tandem.common.refusals import RefusalLog
 from tandem.common.transport import DealerSocket, Setup, close_monitor, context, monitor_socket
+
+if TYPE_CHECKING:
+    from tandem.workers.engine import Inbox
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,7 @@ class WorkerLink:
         self,
         router_addr: str,
         ready: p.Ready,
-        inbox: queue.Queue[p.Message],
+        inbox: Inbox,
         stall_s: float = STALL_S,
         setup: Setup | None = None,
     ) -> None:
