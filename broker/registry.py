@@ -289,10 +289,10 @@ def checked_prior(prior: Sequence[float], model: StepModel) -> list[float]:
     for b in range(1, len(out) + 1):
         lo = max((s for s in logf if s <= b), default=None)
         hi = min((s for s in logf if s >= b), default=None)
-        if lo is None or hi is None or lo == hi:
-            f = logf[hi if lo is None else lo]  # type: ignore[index]
-        else:
+        if lo is not None and hi is not None and lo != hi:
             f = logf[lo] + (logf[hi] - logf[lo]) * (b - lo) / (hi - lo)
+        else:  # a measured size, or past either end: the nearest one's
+            f = logf[next(s for s in (lo, hi) if s is not None)]
         out[b - 1] *= math.exp(f)
     return out
 
