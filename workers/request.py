@@ -85,6 +85,11 @@ class Request:
     def decode_remaining(self) -> int:
         return 0 if self.prefill_only else self.max_tokens - len(self.output)
 
+    def resumed_output(self) -> list[int]:
+        """A migrated stream's tokens sent before it moved (the prompt's tail): output
+        to the penalties and a grammar, not prompt."""
+        return self.prompt[len(self.prompt) - self.resumed :] if self.resumed else []
+
     def kv_tokens(self) -> list[int]:
         """Tokens whose KV this request's slot holds."""
         return self.prompt[: self.n_computed] + self.output[: self.n_fed]

@@ -165,3 +165,45 @@ def test_min_p_with_a_seed_samples_only_kept_tokens(tiny) -> None:
     again, _ = ours(tiny, prompt, temperature=1.5, min_p=0.5, seed=3)
     assert got == again
     assert got != ours(tiny, prompt, temperature=1.5, seed=3)[0]
+
+
+BOUNDED = {  # every value bounded, so even a random model must close the object
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        "tag": {"enum": ["red", "green"]},
+        "note": {"type": "string", "maxLength": 4},
+    },
+    "required": ["ok", "n", "tag", "note"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_json_schema_output_parses_and_validates_beside_a_plain_row(tiny, temperature) -> None:
+    """llguidance's mask on the constrained row; the plain row in the same batch
+    decodes as it does alone (the batch stops queueing steps ahead, nothing else)."""
+    pytest.importorskip("llguidance")
+    jsonschema = pytest.importorskip("jsonschema")
+    import json
+
+    ps = prompts()
+    h = Harness(tiny)
+    schema = SamplingParams(max_tokens=60, temperature=temperature, seed=2,
+                            json_schema=json.dumps(BOUNDED))  # fmt: skip
+    plain = SamplingParams(max_tokens=N, ignore_eos=True)
+    h.run(Request("j", ps[0], schema), Request("p", ps[1], plain))
+    jsonschema.validate(json.loads(h.text("j")), BOUNDED)
+    assert h.done("j").finish_reason == "eos"  # the object closed, then only EOS was allowed
+    assert h.tokens({"p"})["p"] == ours(tiny, ps[1])[0]
+    h.assert_released()
+
+
+def test_a_schema_llguidance_cannot_take_is_refused_on_arrival(tiny) -> None:
+    pytest.importorskip("llguidance")
+    h = Harness(tiny)
+    h.engine.submit(Request("x", prompts()[0], SamplingParams(json_schema='{"type": "nope"}')))
+    (err,) = [m for m in h.messages if isinstance(m, p.Error)]
+    assert err.code == p.BAD_REQUEST and "json_schema" in err.message
+    assert not h.engine.queue

@@ -71,7 +71,7 @@ def request_problem(req: Request, vocab: Any) -> str | None:
     except ValueError as exc:
         return str(exc)
     try:
-        for token in _sent(req):
+        for token in req.resumed_output():
             if not _allows(grammar, token):
                 return "the resumed output does not match the json_schema"
             L.llama_sampler_accept(grammar, token)
@@ -85,11 +85,6 @@ def _grammar(schema: str, vocab: Any) -> Any:
     if not grammar:
         raise ValueError("json_schema: llama.cpp could not parse the grammar made from it")
     return grammar
-
-
-def _sent(req: Request) -> list[int]:
-    """A migrated stream's tokens sent before (the prompt's tail): output, not prompt."""
-    return req.prompt[len(req.prompt) - req.resumed :] if req.resumed else []
 
 
 @dataclass
@@ -177,7 +172,7 @@ def _feed_history(c: Chain, req: Request) -> None:
         for token in req.prompt:
             L.llama_sampler_accept(c.repetition, token)
     for sampler in c.output:
-        for token in _sent(req):  # a grammar's are checked on arrival (request_problem)
+        for token in req.resumed_output():  # a grammar's are checked on arrival (request_problem)
             L.llama_sampler_accept(sampler, token)
 
 

@@ -32,6 +32,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from tandem.common.tokenizer import TokenizerSpec, piece_table
 from tandem.workers.backends.mlx.arch.gemma import MAX_CONTEXT_KEY
 from tandem.workers.backends.mlx.batch import KV, DecodeBatch
+from tandem.workers.backends.mlx.grammar import AVAILABLE, Grammars, consume
 from tandem.workers.backends.mlx.logits import RowLogprobs
 from tandem.workers.backends.mlx.model import WEIGHTS_KEY
 from tandem.workers.backends.mlx.sampling import CAPABILITIES, RowState, Sampler, sample
@@ -133,6 +134,7 @@ class MlxBackend:
             self.n_ctx = int(max_context)
         self.vocab_size = int(config["vocab_size"])
         self._eog = frozenset(self.tokenizer_spec.eos_ids)
+        self._grammars = Grammars(self.tokenizer_spec, self.vocab_size) if AVAILABLE else None
         self._pieces = piece_table(self.tokenizer_spec, self.vocab_size)
         # Only llama's and qwen2's heads are known to be plain projections we may apply
         # to one position.
@@ -164,7 +166,8 @@ class MlxBackend:
             layers = match.entry.handle.layers  # type: ignore[union-attr]
             for c, (k, v) in zip(cache, layers, strict=True):
                 c.keys, c.values, c.offset = k[..., :n, :], v[..., :n, :], n
-        sampler = Sampler.create(req.sampling, req.prompt, req.resumed, self.vocab_size)
+        matcher = self._matcher(req) if req.sampling.json_schema is not None else None
+        sampler = Sampler.create(req.sampling, req.prompt, req.resumed, self.vocab_size, matcher)
         req.slot = slot = _Slot(req, cache, n, sampler)
         self._slots.append(slot)
 
@@ -229,6 +232,7 @@ class MlxBackend:
             if rows and self.pipeline and not joins_next:  # a join would drop it anyway
                 self._speculate(rows, parts[0])
             values = cast(list[int], out.tolist()) if out is not None else []  # token ids
+            self._advance_grammars(dict(zip(owners, values, strict=True)))
             for reqs, lps in asked:
                 _set_logprobs(reqs, lps)
             mx.eval(kv_written)  # this step's prefill is done when run returns
@@ -259,6 +263,8 @@ class MlxBackend:
         """Queue the next decode step now, fed this step's (still lazy) tokens."""
         if all(len(s.req.output) + 1 >= s.req.max_tokens for s in rows):
             return  # every row ends at this token
+        if any(s.sampler.matcher is not None for s in rows):
+            return  # a grammar's next mask needs this step's token (grammar.py)
         pending = self._batch_pass(rows, tokens)
         mx.async_eval(pending.tokens, *(pending.logprobs.arrays() if pending.logprobs else []))
         self._pending = pending
@@ -316,6 +322,23 @@ class MlxBackend:
         if self.model.args.tie_word_embeddings:
             return self.model.model.embed_tokens.as_linear(h)[:, -1, :]
         return self.model.lm_head(h)[:, -1, :]
+
+    # ------------------------------------------------------------ json_schema
+    def problem(self, req: Request) -> str | None:
+        """Why this backend cannot serve ``req``'s json_schema, or None (on arrival)."""
+        if req.sampling.json_schema is None or self._grammars is None:
+            return None
+        return self._grammars.problem(req.sampling.json_schema, req.resumed_output())
+
+    def _matcher(self, req: Request) -> Any:
+        if self._grammars is None or req.sampling.json_schema is None:
+            raise ValueError("this worker cannot serve json_schema (llguidance is missing)")
+        return self._grammars.matcher(req.sampling.json_schema, req.resumed_output())
+
+    def _advance_grammars(self, produced: dict[str, int]) -> None:
+        for s in self._slots:
+            if s.sampler.matcher is not None and s.req.id in produced:
+                consume(s.sampler.matcher, produced[s.req.id])
 
     # ------------------------------------------------------------ tokens
     def piece(self, token: int) -> bytes:

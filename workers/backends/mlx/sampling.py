@@ -7,15 +7,19 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 
 from tandem.common.protocol import SamplingParams
+from tandem.workers.backends.mlx import grammar
 from tandem.workers.backends.mlx.logits import History, Processing, RowLogprobs, logprobs, process
 
-# What this backend serves (docs/PROTOCOL.md, Ready.capabilities). No json_schema:
-# MLX has no token-level grammar engine here; the router sends those to llama.cpp.
-CAPABILITIES: tuple[str, ...] = ("penalties", "logit_bias", "min_p", "logprobs")
+# What this backend serves (docs/PROTOCOL.md, Ready.capabilities): json_schema only
+# with llguidance installed (grammar.py); without it the router sends those to llama.cpp.
+CAPABILITIES: tuple[str, ...] = ("penalties", "logit_bias", "min_p", "logprobs") + (
+    ("json_schema",) if grammar.AVAILABLE else ()
+)
 
 
 @dataclass(frozen=True)
@@ -38,21 +42,29 @@ class Sampler:
     min_p: float
     proc: Processing | None  # None: the logits are used as the model gives them
     state: RowState
+    matcher: Any = None  # json_schema's automaton (grammar.py); advanced by the backend
 
     @classmethod
-    def create(cls, s: SamplingParams, prompt: list[int], resumed: int, vocab_size: int) -> Sampler:
+    def create(
+        cls,
+        s: SamplingParams,
+        prompt: list[int],
+        resumed: int,
+        vocab_size: int,
+        matcher: Any = None,
+    ) -> Sampler:
         proc = Processing.create(s, vocab_size)
         history = History.create(proc, prompt, resumed, vocab_size)
         if s.temperature <= 0:
-            return cls(0.0, 1.0, 0, 0.0, proc, RowState(None, history))
+            return cls(0.0, 1.0, 0, 0.0, proc, RowState(None, history), matcher)
         seed = s.seed if s.seed is not None else random.getrandbits(32)
-        key = mx.random.key(seed)
-        return cls(s.temperature, s.top_p, s.top_k, s.min_p, proc, RowState(key, history))
+        state = RowState(mx.random.key(seed), history)
+        return cls(s.temperature, s.top_p, s.top_k, s.min_p, proc, state, matcher)
 
     @property
     def plain(self) -> bool:
         """Greedy on the raw logits, nothing asked: the batch's shared argmax."""
-        return self.proc is None and self.state.key is None
+        return self.proc is None and self.state.key is None and self.matcher is None
 
 
 def sample(
@@ -65,7 +77,8 @@ def sample(
     rows = [(i, s.proc, s.state.history) for i, s in enumerate(samplers) if s.proc is not None]
     changing = [r for r in rows if r[1].changes_logits]
     x = process(logits, changing) if changing else logits
-    tokens, keys = _choose(x, samplers)
+    constrained = [(i, s.matcher) for i, s in enumerate(samplers) if s.matcher is not None]
+    tokens, keys = _choose(grammar.constrain(x, constrained) if constrained else x, samplers)
     states = [
         RowState(key, s.state.history.after(tokens[i]))
         for i, (s, key) in enumerate(zip(samplers, keys, strict=True))
