@@ -38,7 +38,7 @@ from tandem.workers.backends.mlx.model import WEIGHTS_KEY
 from tandem.workers.backends.mlx.sampling import CAPABILITIES, RowState, Sampler, sample
 from tandem.workers.engine import KVFull
 from tandem.workers.prefix_cache import Match
-from tandem.workers.request import Request, TokenLogprobs
+from tandem.workers.request import Request
 
 log = logging.getLogger(__name__)
 
@@ -161,10 +161,10 @@ class MlxBackend:
     # ------------------------------------------------------------ slots
     def begin(self, req: Request, match: Match) -> None:
         cache = make_prompt_cache(self.model)
-        n = match.n_tokens if match.entry is not None else 0
-        if n:
-            layers = match.entry.handle.layers  # type: ignore[union-attr]
-            for c, (k, v) in zip(cache, layers, strict=True):
+        entry = match.entry
+        n = match.n_tokens if entry is not None else 0
+        if entry is not None and n:
+            for c, (k, v) in zip(cache, entry.handle.layers, strict=True):
                 c.keys, c.values, c.offset = k[..., :n, :], v[..., :n, :], n
         matcher = self._matcher(req) if req.sampling.json_schema is not None else None
         sampler = Sampler.create(req.sampling, req.prompt, req.resumed, self.vocab_size, matcher)
@@ -234,7 +234,7 @@ class MlxBackend:
             values = cast(list[int], out.tolist()) if out is not None else []  # token ids
             self._advance_grammars(dict(zip(owners, values, strict=True)))
             for reqs, lps in asked:
-                _set_logprobs(reqs, lps)
+                lps.hand_to(reqs)
             mx.eval(kv_written)  # this step's prefill is done when run returns
         return dict(zip(owners, values, strict=True))
 
@@ -346,13 +346,3 @@ class MlxBackend:
 
     def is_eog(self, token: int) -> bool:
         return token in self._eog
-
-
-def _set_logprobs(reqs: list[Request], lps: RowLogprobs) -> None:
-    """Hand each asking row's (evaluated) logprobs to its request, for the engine."""
-    chosen = cast(list[float], lps.chosen.tolist())
-    ids = cast(list[list[int]], lps.top_ids.tolist())
-    values = cast(list[list[float]], lps.top_logprobs.tolist())
-    for j, row in enumerate(lps.rows):
-        n = lps.wanted[j]
-        reqs[row].token_logprobs = TokenLogprobs(chosen[j], ids[j][:n], values[j][:n])

@@ -15,10 +15,12 @@ step are returned, not stored, so a speculative step can be dropped as its keys 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import mlx.core as mx
 
 from tandem.common.protocol import SamplingParams
+from tandem.workers.request import Request, TokenLogprobs
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,16 @@ class RowLogprobs:
 
     def arrays(self) -> list[mx.array]:
         return [self.chosen, self.top_ids, self.top_logprobs]
+
+    def hand_to(self, reqs: list[Request]) -> None:
+        """Give each asking row's (evaluated) logprobs to its request (``reqs`` by
+        batch row), where the engine takes them."""
+        chosen = cast(list[float], self.chosen.tolist())
+        ids = cast(list[list[int]], self.top_ids.tolist())
+        values = cast(list[list[float]], self.top_logprobs.tolist())
+        for j, row in enumerate(self.rows):
+            n = self.wanted[j]
+            reqs[row].token_logprobs = TokenLogprobs(chosen[j], ids[j][:n], values[j][:n])
 
     def select(self, keep: list[int]) -> RowLogprobs | None:
         """These log-probabilities for batch rows ``keep`` (old indices, in order),
