@@ -24,7 +24,7 @@ import time
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, cast
 
@@ -138,6 +138,11 @@ class RouterMetrics:
         self.g_kv_cap = gauge("kv_capacity_tokens", "KV cells of the worker (n_ctx).")
         self.g_kv_usage = gauge("kv_usage_ratio", "kv_used_tokens / kv_capacity_tokens.")
         self.g_blocks = gauge("cached_blocks", "Prefix blocks the worker advertises.")
+        self.g_cache = gauge("cache_tokens", "Prefix-cache tokens held, by tier.", "tier")
+        self.g_cache_cap = gauge("cache_capacity_tokens", "Prefix-cache capacity, by tier.", "tier")
+        self.g_cache_bytes = gauge(
+            "cache_bytes", "Prefix-cache memory held (tokens x KV bytes a token), by tier.", "tier"
+        )
         self.g_provisional = gauge(
             "provisional",
             "1 while the worker is priced on rates its served steps have not yet borne out "
@@ -160,6 +165,9 @@ class RouterMetrics:
             self.g_kv_cap,
             self.g_kv_usage,
             self.g_blocks,
+            self.g_cache,
+            self.g_cache_cap,
+            self.g_cache_bytes,
             self.g_provisional,
             self.g_prefill,
             self.g_decode,
@@ -257,8 +265,20 @@ class RouterMetrics:
             g.kv_usage.set(hb.kv_used_tokens / cap if cap else 0.0)
             g.blocks.set(now[5])
             g.provisional.set(now[6])
+        self._tiers(g, wid, w.cache.tiers)
         self._rates(g, wid, "advertised", w.info.prefill_tok_s, w.info.decode_tok_s)
         self._rates(g, wid, "priced", priced.prefill_tok_s, priced.decode_tok_s)
+
+    def _tiers(self, g: _WorkerGauges, wid: str, tiers: dict[str, int]) -> None:
+        """The prefix cache's tiers as the worker's last cache report gave them."""
+        if not tiers or tiers == g.tiers:
+            return
+        g.tiers = tiers
+        per_token = tiers.get("kv_bytes_per_token", 0)
+        for tier, held, cap in _TIER_FIELDS:
+            self.g_cache.labels(wid, tier).set(tiers.get(held, 0))
+            self.g_cache_cap.labels(wid, tier).set(tiers.get(cap, 0))
+            self.g_cache_bytes.labels(wid, tier).set(tiers.get(held, 0) * per_token)
 
     def _rates(
         self, g: _WorkerGauges, wid: str, source: str, prefill: float, decode: Sequence[float]
@@ -402,6 +422,13 @@ class _Histogram:
         return [family]
 
 
+# tier label, its held tokens' and capacity's keys in a worker's CacheTiers
+_TIER_FIELDS = (
+    ("device", "cache_tokens", "cache_capacity_tokens"),
+    ("host", "host_cache_tokens", "host_cache_capacity_tokens"),
+)
+
+
 @dataclass
 class _WorkerGauges:
     """One worker's gauge children, looked up once, and the rate tables last set."""
@@ -416,3 +443,4 @@ class _WorkerGauges:
     provisional: Any
     rates: dict[str, tuple[float, tuple[float, ...]]]
     last: tuple[int, ...] = ()  # the values last set
+    tiers: dict[str, int] = field(default_factory=dict)  # the cache tiers last set

@@ -254,6 +254,8 @@ class WorkerState:
             "kv_used_tokens": hb.kv_used_tokens if hb else 0,
             "kv_capacity_tokens": hb.kv_capacity_tokens if hb else self.info.n_ctx,
             "cached_blocks": len(self.cache.held),
+            "host_blocks": self.cache.host_blocks(),  # of them, held only in host RAM
+            **self.cache.tiers,  # the prefix cache's tiers (common/blocks.py TIER_KEYS)
             "block_size": self.info.block_size,
             "prefill_tok_s": self.info.prefill_tok_s,
             "decode_tok_s": list(self.info.decode_tok_s),

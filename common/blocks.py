@@ -28,6 +28,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from itertools import takewhile
 from typing import overload
 
+import msgspec
+
 from tandem.common.protocol import CacheReport
 
 _ROOT = b"tandem-prefix-v1"
@@ -226,6 +228,7 @@ class CacheView:
         self._noted: dict[int, float] = {}  # block -> until (clock time)
         self.device: CacheView | None = None  # the device tier's, when the worker has a host tier
         self.restore_tok_s = 0.0  # the worker's host-RAM restore rate (0: unknown)
+        self.tiers: dict[str, int] = {}  # the last report's CacheTiers, as a status row shows them
 
     def note(self, blocks: Sequence[int], until: float) -> None:
         """``blocks`` finished on this worker: count them as cached until ``until``."""
@@ -274,7 +277,9 @@ class CacheView:
         return len(self.held - self.device.held) if self.device is not None else 0
 
     def _apply_device(self, report: CacheReport, now: float) -> bool:
-        """The ``device`` sub-report and ``restore_tok_s`` of a tiered worker."""
+        """The ``tiers``; the ``device`` sub-report and ``restore_tok_s`` of a tiered worker."""
+        if report.tiers is not None:
+            self.tiers = msgspec.structs.asdict(report.tiers)
         sub = report.device
         if sub is None:
             return True

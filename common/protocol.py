@@ -40,13 +40,14 @@ from tandem.common.validation import (
     message_problem,
 )
 
-PROTOCOL_VERSION = 9  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds;
+PROTOCOL_VERSION = 11  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds;
 # 4: step_tokens (a worker that batches its deltas must not meet a router that cannot read them);
 # 5: batch (the router sends a peer what one turn owes it in one frame); 6: ready.provisional;
 # 7: msgspec Structs (fields at their default left out, ``type`` first, ids without control
 # characters); 8: sampling's penalties, logit_bias, min_p, logprobs, json_schema, token
 # logprobs, ready.capabilities (a request that needs one must not reach a worker that drops it);
 # 9: heartbeat.cache, .steps and done.stats typed (their fields at their default left out)
+# 11: heartbeat.cache.tiers (the prefix cache's sizes by tier)
 
 
 class FinishReason(StrEnum):
@@ -223,13 +224,26 @@ class TokenLogprob(Struct, frozen=True):
 BlockHash = Annotated[int, Meta(ge=0)]  # 63-bit chained block hashes (common/blocks.py)
 
 
+class CacheTiers(Struct, frozen=True):
+    """A worker's prefix cache by tier (workers/prefix_cache.py), in tokens: held and
+    capacity on the device and in host RAM, and the KV bytes of one token (0:
+    unknown). What ``tandem status``, ``top`` and the metrics show."""
+
+    cache_tokens: Count = 0
+    cache_capacity_tokens: Count = 0
+    host_cache_tokens: Count = 0
+    host_cache_capacity_tokens: Count = 0
+    kv_bytes_per_token: Count = 0
+
+
 class CacheReport(Struct, frozen=True):
     """A worker's prefix blocks (common/blocks.py: ``CacheLog`` writes it, ``CacheView``
     reads it): a full listing (``full``, every block held in ``blocks``), or the
     changes since report ``base`` (``added``, ``removed``; ``seq == base + 1``, or
     ``seq == base`` with empty lists when nothing changed). A worker with a host-RAM
     tier adds its device tier's own report (``device``) and how fast it restores
-    from host RAM (``restore_tok_s``; 0: not measured yet)."""
+    from host RAM (``restore_tok_s``; 0: not measured yet). Every report of a worker
+    that sizes its cache carries the sizes of its tiers (``tiers``)."""
 
     full: bool
     seq: Count
@@ -239,6 +253,8 @@ class CacheReport(Struct, frozen=True):
     removed: list[BlockHash] = []
     device: CacheReport | None = None
     restore_tok_s: Annotated[float, Meta(ge=0, le=bounds.MAX_FLOAT)] = 0.0
+    tiers: CacheTiers | None = None
+
 
 
 _STEP_KEYS = {"decode_batch": "b", "decode_step_s": "s", "decode_samples": "n",

@@ -37,8 +37,10 @@ def make_cache(backend: Any, cfg: EngineConfig) -> PrefixCache:
         entries = min(entries, limit)
     save = getattr(backend, "save", None)
     host = cfg.host_cache_tokens if save is not None and hasattr(backend, "restore") else 0
-    return PrefixCache(cfg.block_size, tokens, entries, host_capacity_tokens=host,
-                       demote=save if host else None, policy=cfg.cache_policy)  # fmt: skip
+    cache = PrefixCache(cfg.block_size, tokens, entries, host_capacity_tokens=host,
+                        demote=save if host else None, policy=cfg.cache_policy)  # fmt: skip
+    cache.kv_bytes_per_token = cfg.kv_bytes_per_token
+    return cache
 
 
 def restored(cache: PrefixCache, backend: Any, match: Match) -> Match:

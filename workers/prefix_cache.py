@@ -87,6 +87,7 @@ class PrefixCache:
         self._clock = itertools.count(1)
         self._floor = 0.0  # "value": the credit of the last entry evicted (aging)
         self.restore_tok_s = 0.0  # host-tier restores, measured (workers/host_cache.py)
+        self.kv_bytes_per_token = 0  # the model's, reported with the tiers (0: unknown)
 
     @property
     def capacity_tokens(self) -> int:
@@ -176,13 +177,14 @@ class PrefixCache:
         return freed
 
     def report(self) -> p.CacheReport:
-        """The heartbeat's ``cache`` field (common/blocks.py): every tier's blocks, and
-        with a host tier the device's own report and the restore rate."""
+        """The heartbeat's ``cache`` field (common/blocks.py): every tier's blocks and
+        sizes, and with a host tier the device's own report and the restore rate."""
         out = self.log.report()
+        tiers = p.CacheTiers(**self.tiers(), kv_bytes_per_token=self.kv_bytes_per_token)
         if self.capacity[HOST]:
             device, rate = self.device_log.report(), float(round(self.restore_tok_s))
-            return p.replace(out, device=device, restore_tok_s=rate)
-        return out
+            return p.replace(out, device=device, restore_tok_s=rate, tiers=tiers)
+        return p.replace(out, tiers=tiers)
 
     def tiers(self) -> dict[str, int]:
         """Tokens held and capacity per tier, as the heartbeat carries them."""

@@ -250,10 +250,32 @@ def test_tiers_are_counted_for_heartbeats_and_shown_by_the_cli():
     c.insert(seq(8, 200), "b")  # a moves to host RAM
     assert c.tiers() == {"cache_tokens": 8, "cache_capacity_tokens": 8,
                          "host_cache_tokens": 8, "host_cache_capacity_tokens": 16}  # fmt: skip
+    c.kv_bytes_per_token = 23_040
     view = CacheView()
     assert view.apply(c.report()) and view.host_blocks() == 2
+    assert view.tiers == {**c.tiers(), "kv_bytes_per_token": 23_040}
     row = {"cache_tokens": 3000, "cache_capacity_tokens": 5_178_727, "host_cache_tokens": 20_000,
            "host_cache_capacity_tokens": 372_827}  # fmt: skip
     assert cache_cell(row) == "3000/5.2M +20k/373k"
     assert cache_cell({"cache_capacity_tokens": 4096, "cache_tokens": 10}) == "10/4096"
     assert cache_cell({}) == "-"
+
+
+def test_the_router_shows_the_tiers_in_status_and_metrics(h):
+    from tandem.common import protocol as p
+
+    h.add_worker("a", (100.0, [50.0]))
+    tiers = p.CacheTiers(3000, 5_000_000, 20_000, 300_000, 23_040)
+    cache = p.CacheReport(full=True, seq=1, blocks=[7], tiers=tiers)
+    h.workers["a"].send(p.Heartbeat("a", 1, [], [], 0, 8192, cache))
+    h.pump()
+    registry = h.core.metrics.registry
+
+    def gauge(name: str, tier: str) -> float | None:
+        return registry.get_sample_value(f"tandem_worker_{name}", {"worker": "a", "tier": tier})
+
+    assert gauge("cache_tokens", "device") == 3000 and gauge("cache_tokens", "host") == 20_000
+    assert gauge("cache_capacity_tokens", "host") == 300_000
+    assert gauge("cache_bytes", "device") == 3000 * 23_040
+    row = h.core.workers["a"].describe()
+    assert row["cache_capacity_tokens"] == 5_000_000 and row["host_blocks"] == 0
