@@ -64,7 +64,7 @@ def test_a_prefix_restored_from_host_ram_decodes_as_a_fresh_prefill(engines):
     prompt = tokenize(backend, TEXT)
     assert 48 < len(prompt) < 100
     fresh, stats = generate(engine, out, "fresh", prompt)
-    assert stats["cached_tokens"] == 0
+    assert stats.cached_tokens == 0
     # Another prompt fills the device tier: the first one moves to host RAM.
     generate(engine, out, "other", tokenize(backend, "Once upon a time " * 8))
     tiers = {e.tokens[0]: e.tier for e in engine.cache.entries.values()}
@@ -72,7 +72,7 @@ def test_a_prefix_restored_from_host_ram_decodes_as_a_fresh_prefill(engines):
     state = next(e.handle for e in engine.cache.entries.values() if e.tier == HOST)
     assert isinstance(state.data, ctypes.Array) and state.nbytes > 20_000 * state.n_tokens
     again, stats = generate(engine, out, "again", prompt)
-    assert stats["cached_tokens"] == (len(prompt) - 1) // 16 * 16, "restored, not prefilled"
+    assert stats.cached_tokens == (len(prompt) - 1) // 16 * 16, "restored, not prefilled"
     entries = engine.cache.entries.values()
     assert any(e.tier == DEVICE and e.tokens[:8] == prompt[:8] for e in entries)
     assert again == fresh

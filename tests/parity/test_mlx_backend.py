@@ -197,13 +197,13 @@ def test_prefix_cache_hit_skips_prefill_and_continues_like_a_cold_run(tiny) -> N
     snapshot = [np.array(k) for k in cached]
     fed_before = h.backend.prompt_tokens_fed
     warm = h.run(greedy("warm", shared + tail, 10))["warm"]
-    assert h.done("warm").stats["cached_tokens"] == 32
+    assert h.done("warm").stats.cached_tokens == 32
     assert h.backend.prompt_tokens_fed - fed_before == len(shared + tail) - 32
     assert warm == cold
     # The request wrote after the shared prefix; the cached arrays did not change.
     assert all(np.array_equal(a, np.array(k)) for a, k in zip(snapshot, cached, strict=True))
     again = h.run(greedy("again", shared + tail, 10))["again"]
-    assert again == cold and h.done("again").stats["cached_tokens"] == 32
+    assert again == cold and h.done("again").stats.cached_tokens == 32
     h.assert_released()
 
 
