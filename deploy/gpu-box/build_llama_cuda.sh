@@ -19,6 +19,12 @@ log=$OUT/build.log phases=$OUT/build-phases.txt
 t0=$(date +%s)
 # CMake finds nvcc on PATH (or CUDACXX); the toolkit's usual place, where PATH lacks it.
 command -v nvcc > /dev/null || export PATH="/usr/local/cuda/bin:$PATH"
+# The system's compilers, not the image's /opt/gcc (its CC/CXX/CUDAHOSTCXX), and no
+# OpenMP (ggml's own thread pool): a wheel built with /opt/gcc and OpenMP segfaulted in
+# model load in every tandem worker on the box (README.md, "What the box said").
+if [ -x /usr/bin/g++ ] && [ -z "${LCP_KEEP_COMPILERS:-}" ]; then
+  export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
+fi
 phase() { echo "$1 $(( $(date +%s) - t0 )) s" | tee -a "$phases"; }
 
 { nvcc --version | tail -2; cmake --version | head -1; ninja --version
@@ -43,7 +49,7 @@ phase unpacked
 export CMAKE_ARGS=${LCP_CMAKE_ARGS:-"-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90-real -DLLAVA_BUILD=OFF \
  -DGGML_CUDA_NCCL=OFF -DGGML_CUDA_GRAPHS=ON -DGGML_CCACHE=OFF -DLLAMA_OPENSSL=OFF \
  -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
- -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON"}
+ -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_OPENMP=OFF"}
 export CMAKE_BUILD_PARALLEL_LEVEL=${JOBS:-16} CMAKE_GENERATOR=Ninja
 # A toolkit without cuBLAS (only nvcc): take the one PyTorch's pip packages bring.
 tk=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
