@@ -1,12 +1,13 @@
 """What the client library checks before a Submit leaves: that every field can be
-encoded at all, and with which name to refuse it when not.
+encoded at all, then that the router's decoder would take it, naming the field.
 
-The router checks meaning (limits, vocabulary, ids); what it can never see is a
-value the encoder cannot write. msgpack carries integers in [-2**63, 2**64) and
-UTF-8 text only, so ``max_tokens=2**64`` would raise OverflowError and a lone
-surrogate (``"\\udcff"``, which Python strings may hold) UnicodeEncodeError, in the
-middle of a send. Here both become a ``BadRequest`` naming the field, raised before
-anything is sent; the gateway asks the same question of every request it parses.
+msgpack carries integers in [-2**63, 2**64) and UTF-8 text only, so
+``max_tokens=2**64`` would raise OverflowError and a lone surrogate (``"\\udcff"``,
+which Python strings may hold) UnicodeEncodeError, in the middle of a send: here
+both become a ``BadRequest`` naming the field. Types, ranges and the sampling rules
+are not restated here: ``protocol.check`` runs the router's own decoding of the
+Submit (the one place they are declared). The gateway asks the same question of
+every request it parses.
 """
 
 from __future__ import annotations
@@ -45,30 +46,11 @@ def check_submit(sub: p.Submit) -> None:
 
 
 def _sampling(s: p.SamplingParams) -> None:
+    """Each field encodable (its type and range are the decoder's, in ``p.check``)."""
     if not isinstance(s, p.SamplingParams):
         raise BadRequest("sampling must be a SamplingParams", field="sampling")
-    _int("max_tokens", s.max_tokens, 0 if s.prefill_only is True else 1, INT_END)
-    _int("top_k", s.top_k, 0, INT_END)
-    if s.seed is not None:
-        _int("seed", s.seed, 0, SEED_END)
-    for name in ("temperature", "top_p"):
-        x = getattr(s, name)
-        if not _is_number(x) or not math.isfinite(x):
-            raise BadRequest(f"{name} must be a finite number, not {_shown(x)}", field=name)
-    if not isinstance(s.stop, list):
-        raise BadRequest("stop must be a list of strings", field="stop")
-    for i, text in enumerate(s.stop):
-        _text(f"stop[{i}]", text)
-    _flag("ignore_eos", s.ignore_eos)
-    _flag("prefill_only", s.prefill_only)
-    problem = s.problem()  # the router's own rules on these values, refused here already
-    if problem is not None:
-        name = problem.message.split()[0]
-        field = name if name in SAMPLING_NAMES else "stop"  # "at most 16 stop strings"
-        raise BadRequest(problem.message, field=field)
-
-
-SAMPLING_NAMES = frozenset(("max_tokens", "temperature", "top_p", "top_k", "seed", "stop"))
+    for name in s.__struct_fields__:
+        _value(name, getattr(s, name), 0)
 
 
 def _tokens(tokens: Any) -> None:
@@ -100,9 +82,12 @@ def _value(path: str, x: Any, depth: int) -> None:
             _value(f"{path}[{i}]", item, depth + 1)
     elif isinstance(x, dict):
         for k, v in x.items():
-            if not isinstance(k, str):
+            if isinstance(k, int) and not isinstance(k, bool):  # logit_bias: token ids
+                _int(f"{path} key", k, -INT_END, SEED_END)
+            elif not isinstance(k, str):
                 raise BadRequest(f"{path} has a key that is not text: {_shown(k)}", field=path)
-            _text(f"{path} key", k)
+            else:
+                _text(f"{path} key", k)
             _value(f"{path}.{k}", v, depth + 1)
     else:
         raise BadRequest(f"{path} cannot be sent: a {type(x).__name__}", field=path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,41 +45,53 @@ class Delta:
     logprobs: list[p.TokenLogprob] | None = None  # aligned with token_ids, when asked for
 
 
-SAMPLING_FIELDS = frozenset(p.SamplingParams.__struct_fields__)
-
-
 def make_submit(
     prompt: str | None = None,
     *,
     tokens: list[int] | None = None,
     messages: list[dict[str, Any]] | None = None,
     request_id: str | None = None,
+    stream: bool = True,
+    worker: str | None = None,
     sampling: p.SamplingParams | None = None,
-    **options: Any,
+    **params: Any,
 ) -> p.Submit:
-    """A Submit with a fresh request id. ``options``: SamplingParams fields
-    (max_tokens, temperature, ...; or a whole ``sampling``) and Submit's own
-    (stream, worker). Raises BadRequest, naming the field, for a value the wire
-    cannot carry (client/checks.py)."""
-    given = {k: v for k, v in options.items() if k in SAMPLING_FIELDS}
-    if sampling is not None and given:
-        raise TypeError(f"give sampling= or its fields {sorted(given)}, not both")
-    stop = given.get("stop")
-    if isinstance(stop, str):  # one stop string, not its characters
-        given["stop"] = [stop]
-    elif isinstance(stop, tuple | list):
-        given["stop"] = list(stop)
-    rest = {k: v for k, v in options.items() if k not in SAMPLING_FIELDS}
+    """A Submit with a fresh request id, as every call of the client libraries (and
+    the gateway) builds it. ``params``: SamplingParams fields (max_tokens,
+    temperature, ...), or a whole ``sampling``; a name SamplingParams lacks is a
+    TypeError naming it. Raises BadRequest, naming the field, for a value the
+    router's decoder would refuse (client/checks.py)."""
+    if sampling is None:
+        sampling = sampling_params(**params)
+    elif params:
+        raise TypeError(f"give sampling= or its fields {sorted(params)}, not both")
     submit = p.Submit(
         request_id=request_id or uuid.uuid4().hex,
         prompt=prompt,
         tokens=tokens,
         messages=messages,
-        sampling=sampling or p.SamplingParams(**given),
-        **rest,
+        sampling=sampling,
+        stream=stream,
+        worker=worker,
     )
     check_submit(submit)  # BadRequest naming the field, before anything is sent
     return submit
+
+
+def sampling_params(**params: Any) -> p.SamplingParams:
+    """SamplingParams from its fields by name; ``stop`` may be one string. A name it
+    does not have is a TypeError naming it (and the nearest field)."""
+    unknown = sorted(set(params) - set(p.SamplingParams.__struct_fields__))
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], p.SamplingParams.__struct_fields__, 1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise TypeError(f"SamplingParams has no field {unknown[0]!r}{hint}")
+    stop = params.get("stop")
+    if isinstance(stop, str):  # one stop string, not its characters
+        params["stop"] = [stop]
+    elif isinstance(stop, tuple):
+        params["stop"] = list(stop)
+    return p.SamplingParams(**params)
 
 
 @dataclass

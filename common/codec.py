@@ -89,8 +89,8 @@ def explain(text: str) -> tuple[str, str]:
     ``("missing field 'cached'", "active[0]")``."""
     key = _KEY_AT.search(text)
     if key is not None:  # a map key of the wrong type
-        path = key.group("path").lstrip(".")
-        return "keys must be strings", path
+        what = text[: key.start()].replace("`", "")
+        return f"{what[:1].lower()}{what[1:]} (a map key)", key.group("path").lstrip(".")
     m = _AT.match(text)
     what, path = (m.group("what"), m.group("path") or "") if m else (text, "")
     named = _NAMED.match(what)

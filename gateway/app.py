@@ -199,7 +199,10 @@ class Gateway:
 
     async def _complete(self, gen: Generation, reply: Reply) -> Result:
         assert self.client is not None
-        return await self.client.generate(request_id=reply.request_id, **gen.options, stream=False)
+        return await self.client.generate(
+            prompt=gen.prompt, tokens=gen.tokens, messages=gen.messages, worker=gen.worker,
+            sampling=gen.sampling, request_id=reply.request_id, stream=False,
+        )  # fmt: skip
 
     async def _stream(self, request: Request, gen: Generation, reply: Reply) -> Response:
         """Wait until the router accepts the request (every refusal before that still
@@ -208,7 +211,10 @@ class Gateway:
         handler in between (TTFT)."""
         client = self.client
         assert client is not None
-        events = client.events(request_id=reply.request_id, **gen.options, stream=True)
+        events = client.events(
+            prompt=gen.prompt, tokens=gen.tokens, messages=gen.messages, worker=gen.worker,
+            sampling=gen.sampling, request_id=reply.request_id, stream=True,
+        )  # fmt: skip
         try:
             first = await unless_disconnected(request, anext(events))
         except BaseException:

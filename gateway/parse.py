@@ -1,4 +1,4 @@
-"""OpenAI request bodies -> the options of one tandem Submit, or a 400 saying what is wrong.
+"""OpenAI request bodies -> one tandem Submit's parts, or a 400 saying what is wrong.
 
 Checked by hand rather than by a schema library, so every refusal names its field
 in OpenAI's error shape. Every field is honoured, ignored for a documented reason,
@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.client.errors import BadRequest
-from tandem.client.session import make_submit
+from tandem.client.session import make_submit, sampling_params
+from tandem.common import protocol as p
 from tandem.gateway.errors import ApiError
 from tandem.gateway.fields import check_fields
 from tandem.gateway.sampling import OPENAI_PARAM, sampling_options
@@ -31,12 +32,23 @@ CHAT_ROLES = {"system", "user", "assistant", "tool", "developer"}
 
 @dataclass(frozen=True)
 class Generation:
-    """One parsed request: the model asked for, the Submit options, how to answer."""
+    """One parsed request: the model asked for, what to send, how to answer."""
 
     model: str | None
-    options: dict[str, Any]  # keyword arguments of tandem.client's make_submit
+    sampling: p.SamplingParams  # built once, from OpenAI's fields (and tandem's extras)
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with usage
+    prompt: str | None = None  # exactly one of prompt / tokens / messages
+    tokens: list[int] | None = None
+    messages: list[dict[str, str]] | None = None
+    worker: str | None = None  # a worker id or device label to pin the request to
+
+    def submit(self, request_id: str) -> p.Submit:
+        """The Submit the client library sends for it (checked as it will be there)."""
+        return make_submit(
+            self.prompt, tokens=self.tokens, messages=self.messages,
+            request_id=request_id, worker=self.worker, sampling=self.sampling,
+        )  # fmt: skip
 
 
 def read_request(raw: bytes, chat: bool, default_max_tokens: int) -> Generation:
@@ -48,7 +60,7 @@ def read_request(raw: bytes, chat: bool, default_max_tokens: int) -> Generation:
     parse = parse_chat if chat else parse_completion
     try:
         gen = parse(decode_json(raw), default_max_tokens)
-        make_submit(request_id="0", **gen.options)
+        gen.submit("0")
     except ApiError:
         raise
     except BadRequest as exc:
@@ -99,26 +111,26 @@ def parse_chat(body: Any, default_max_tokens: int) -> Generation:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError.bad("messages must be a non-empty list", "messages")
-    options = {"messages": [_message(m, i) for i, m in enumerate(messages)]}
-    options |= sampling_options(body, chat=True)
+    options: dict[str, Any] = {"messages": [_message(m, i) for i, m in enumerate(messages)]}
     max_tokens = _int(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", 1)
-    return _generation(body, options, max_tokens or default_max_tokens)
+    return _generation(body, options, max_tokens or default_max_tokens, chat=True)
 
 
 def parse_completion(body: Any, default_max_tokens: int) -> Generation:
     """A ``POST /v1/completions`` body: one prompt, as text or token ids."""
     body = _object(body)
     check_fields(body, chat=False)
-    options = _prompt(body.get("prompt")) | sampling_options(body, chat=False)
+    options = _prompt(body.get("prompt"))
     if _int(body, "best_of", 1) not in (None, 1):
         raise ApiError.bad("best_of must be 1", "best_of")
     max_tokens = _int(body, "max_tokens", 1)
-    return _generation(body, options, max_tokens or default_max_tokens)
+    return _generation(body, options, max_tokens or default_max_tokens, chat=False)
 
 
-def _generation(body: dict, options: dict[str, Any], max_tokens: int) -> Generation:
+def _generation(body: dict, what: dict[str, Any], max_tokens: int, chat: bool) -> Generation:
+    """``what``: the prompt, tokens or messages (Generation's field by name)."""
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError.bad("model must be a string", "model")
@@ -128,7 +140,7 @@ def _generation(body: dict, options: dict[str, Any], max_tokens: int) -> Generat
     top_p = _float(body, "top_p", 0.0, 1.0)
     if top_p == 0.0:
         raise ApiError.bad("top_p must be in (0, 1]", "top_p")
-    options.update(
+    sampling = sampling_params(
         max_tokens=max_tokens,
         # OpenAI's default temperature is 1, not tandem's greedy 0.
         temperature=1.0 if temperature is None else temperature,
@@ -137,14 +149,15 @@ def _generation(body: dict, options: dict[str, Any], max_tokens: int) -> Generat
         seed=_int(body, "seed", None),
         stop=_stop(body.get("stop")),
         ignore_eos=bool(_bool(body, "ignore_eos")),
-        worker=_str(body, "worker"),
+        **sampling_options(body, chat),  # gateway/sampling.py: the fields beyond these
     )
     stream = bool(_bool(body, "stream"))
     so = body.get("stream_options")
     if so is not None and not isinstance(so, dict):
         raise ApiError.bad("stream_options must be an object", "stream_options")
     include_usage = bool(_bool(so or {}, "include_usage", "stream_options.include_usage"))
-    return Generation(model, options, stream, stream and include_usage)
+    worker = _str(body, "worker")
+    return Generation(model, sampling, stream, stream and include_usage, worker=worker, **what)
 
 
 # ---------------------------------------------------------------- fields

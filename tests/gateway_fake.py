@@ -33,8 +33,8 @@ class FakeRouter:
     async def status(self) -> p.StatusReply:
         return p.StatusReply("phase_cost", self.workers)
 
-    def _submit(self, options: dict[str, Any]) -> p.Submit:
-        sub = make_submit(**options)
+    def _submit(self, prompt: str | None, options: dict[str, Any]) -> p.Submit:
+        sub = make_submit(prompt, **options)
         got = p.decode(p.encode(sub))  # what the router would read
         assert isinstance(got, p.Submit)
         self.submits.append(got)
@@ -45,11 +45,11 @@ class FakeRouter:
             return self.result
         return Result(sub.request_id, "ok", [1], p.FinishReason.LENGTH, {"prompt_tokens": 1})
 
-    async def generate(self, **options: Any) -> Result:
-        return self._result(self._submit(options))
+    async def generate(self, prompt: str | None = None, **options: Any) -> Result:
+        return self._result(self._submit(prompt, options))
 
-    async def events(self, **options: Any) -> AsyncIterator[Any]:
-        sub = self._submit(options)
+    async def events(self, prompt: str | None = None, **options: Any) -> AsyncIterator[Any]:
+        sub = self._submit(prompt, options)
         yield p.Accepted(sub.request_id, "w0", 1)
         for d in self.deltas:
             yield d

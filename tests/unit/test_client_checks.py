@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 
+import msgpack
 import pytest
 import zmq
 
 from tandem.client import AsyncClient, BadRequest, Client
 from tandem.client.session import make_submit
+from tandem.common import protocol as p
 from tandem.launcher.cluster import free_tcp_address
 
 CASES = [
@@ -72,3 +74,30 @@ def test_values_the_wire_carries_pass():
     sub = make_submit(tokens=[0, 2**31], seed=2**64 - 1, top_k=2**31, stop="x")
     assert sub.sampling.stop == ["x"]  # one stop string, not its characters
     make_submit(messages=[{"role": "user", "content": "\U0001f600 emoji é"}])
+
+
+# ---------------------------------------------------------------- typed sampling fields
+def test_a_misspelt_sampling_argument_is_a_type_error_naming_it():
+    with pytest.raises(TypeError, match="'temprature'.*'temperature'"):
+        make_submit("hi", temprature=0.5)
+    with pytest.raises(TypeError, match="'warp'"):
+        make_submit("hi", warp=1)
+
+
+@pytest.mark.parametrize("name", sorted(p.SamplingParams.__struct_fields__))
+def test_every_sampling_field_refuses_a_wrong_type_naming_its_path(name):
+    """A map is of no sampling field's type (logit_bias: not with text keys)."""
+    with pytest.raises(BadRequest) as e:
+        make_submit("hi", **{name: {"x": "y"}})
+    assert e.value.field == name and f"sampling.{name}" in e.value.message
+
+
+def test_the_wire_refuses_unknown_fields_of_a_message_and_of_its_sampling():
+    for body, where in (
+        ({"type": "cancel", "request_id": "r", "colour": 1}, "cancel: unknown field 'colour'"),
+        ({"type": "submit", "request_id": "r", "sampling": {"temprature": 1}},
+         "submit.sampling: unknown field 'temprature'"),
+    ):  # fmt: skip
+        with pytest.raises(p.ProtocolError) as e:
+            p.decode(msgpack.packb({"v": p.PROTOCOL_VERSION, **body}))
+        assert e.value.message == where and e.value.code == p.BAD_REQUEST

@@ -34,13 +34,13 @@ class FakeRouter:
     async def status(self) -> p.StatusReply:
         return p.StatusReply("phase_cost", [{"model": "m.gguf"}])
 
-    async def generate(self, **options: Any) -> Result:
-        sub = make_submit(**options)
+    async def generate(self, prompt: str | None = None, **options: Any) -> Result:
+        sub = make_submit(prompt, **options)
         p.decode(p.encode(sub))  # what the router would read
         return Result(sub.request_id, "ok", [1], "length", {"prompt_tokens": 1})
 
-    async def events(self, **options: Any):
-        yield await self.generate(**options)
+    async def events(self, prompt: str | None = None, **options: Any):
+        yield await self.generate(prompt, **options)
 
     def cancel(self, request_id: str) -> None:
         pass
@@ -163,7 +163,7 @@ def test_parse_layer_answers_a_generation_or_a_400(body, how, chat):
         assert exc.status == 400 and exc.body()["error"]["message"]
         json.dumps(exc.body()).encode()  # the error itself can be written
         return
-    p.decode(p.encode(make_submit(request_id="r", **gen.options)))
+    p.decode(p.encode(gen.submit("r")))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))

@@ -49,27 +49,27 @@ def test_chat_maps_openai_fields_onto_submit_options():
         default_max_tokens=100,
     )
     assert g.model == "m" and g.stream and g.include_usage
-    o = g.options
-    assert o["messages"] == [
+    assert g.messages == [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "ab"},
         {"role": "assistant", "content": ""},
     ]
-    assert (o["max_tokens"], o["temperature"], o["top_p"], o["seed"]) == (7, 0.0, 0.5, 3)
-    assert (o["stop"], o["top_k"], o["ignore_eos"], o["worker"]) == (["x"], 4, True, "gpu")
+    s = g.sampling
+    assert (s.max_tokens, s.temperature, s.top_p, s.seed) == (7, 0.0, 0.5, 3)
+    assert (s.stop, s.top_k, s.ignore_eos, g.worker) == (["x"], 4, True, "gpu")
 
 
 def test_defaults_follow_openai_not_tandem():
     g = parse_chat({"messages": USER}, default_max_tokens=100)
-    assert g.options["temperature"] == 1.0 and g.options["max_tokens"] == 100
+    assert g.sampling.temperature == 1.0 and g.sampling.max_tokens == 100
     assert g.model is None and not g.stream and not g.include_usage
 
 
 def test_completion_prompt_forms():
-    assert parse_completion({"prompt": "abc"}, 5).options["prompt"] == "abc"
-    assert parse_completion({"prompt": ["abc"]}, 5).options["prompt"] == "abc"
-    assert parse_completion({"prompt": [1, 2]}, 5).options["tokens"] == [1, 2]
-    assert parse_completion({"prompt": [[1, 2]]}, 5).options["tokens"] == [1, 2]
+    assert parse_completion({"prompt": "abc"}, 5).prompt == "abc"
+    assert parse_completion({"prompt": ["abc"]}, 5).prompt == "abc"
+    assert parse_completion({"prompt": [1, 2]}, 5).tokens == [1, 2]
+    assert parse_completion({"prompt": [[1, 2]]}, 5).tokens == [1, 2]
 
 
 @pytest.mark.parametrize(
