@@ -226,7 +226,7 @@ def plan(
     (4,096 held cells made a SmolLM2 decode step +27-29 % at the median here,
     bench/cache_tiers.py decode), while its host tier holds the rest at no decode
     cost and restores 2,000-6,600x faster than it prefills.
-    Host tier (only backends that save sequence state: llama.cpp): ``host_cache_mem``
+    Host tier (llama.cpp, and MLX on a CUDA GPU): ``host_cache_mem``
     bytes, else ``host_cache_mem_frac`` (default HOST_FRAC, capped at HOST_CAP_BYTES).
     ``device_mem`` / ``host_mem``: the memories to size from (the twin's modelled
     devices); None: read from this machine.
@@ -247,7 +247,10 @@ def plan(
         cap = None if gpu or cache_mem_frac is not None else CPU_DEVICE_CAP_BYTES
         got = share(mem, frac, cap, less=weights_bytes if gpu else 0)
         device_tokens, device_source = got // bytes_per_token, f"{frac:g} of {mem.source}"
-    if backend != "llama.cpp":  # MLX keeps its arrays where they are; sim holds none
+    # A host tier where leaving the device frees something: llama.cpp's pool, a CUDA
+    # GPU's memory (MLX copies to host RAM). On Metal or a CPU, MLX's arrays already
+    # sit in host memory; a sim worker holds no KV.
+    if backend == "sim" or (backend == "mlx" and device != "gpu-cuda"):
         return CachePlan(bytes_per_token, device_tokens, 0, device_source, "none")
     if host_cache_mem is not None:
         host_bytes, host_source = host_cache_mem, "--host-cache-mem"

@@ -49,7 +49,9 @@ def test_plan_sizes_each_device_from_its_memory(monkeypatch):
     monkeypatch.setattr(memory, "host_memory", lambda: host)
     bpt = 23_040
     on_gpu = plan(backend="mlx", device="gpu-cuda", bytes_per_token=bpt, weights_bytes=GIB)
-    assert on_gpu.device_tokens == int(0.8 * 99 * GIB) // bpt and on_gpu.host_tokens == 0
+    assert on_gpu.device_tokens == int(0.8 * 99 * GIB) // bpt
+    assert on_gpu.host_tokens == 2 * GIB // bpt  # MLX copies to host RAM from a CUDA GPU
+    assert plan(backend="mlx", device="gpu-metal", bytes_per_token=bpt).host_tokens == 0
     llama_cpu = plan(backend="llama.cpp", device="cpu", bytes_per_token=bpt)
     assert llama_cpu.device_tokens == memory.LLAMA_CPU_DEVICE_TOKENS
     assert llama_cpu.host_tokens == 2 * GIB // bpt  # 0.1 of 20 GiB

@@ -30,6 +30,7 @@ from mlx_lm.models import llama, qwen2
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from tandem.common.tokenizer import TokenizerSpec, piece_table
+from tandem.workers.backends.mlx import host_state
 from tandem.workers.backends.mlx.arch.gemma import MAX_CONTEXT_KEY
 from tandem.workers.backends.mlx.batch import KV, DecodeBatch
 from tandem.workers.backends.mlx.grammar import AVAILABLE, Grammars, consume
@@ -192,6 +193,13 @@ class MlxBackend:
         if handle.layers is not None:
             self._held_tokens -= handle.n_tokens
             handle.layers = None
+
+    def save(self, handle: CachedKV) -> host_state.HostKV | None:
+        """The prefix cache's host tier: host-RAM copies of a cached entry's KV."""
+        return host_state.save(handle)
+
+    def restore(self, state: host_state.HostKV) -> CachedKV:
+        return host_state.restore(self, state)
 
     # ------------------------------------------------------------ the step
     def run(self, decode: list[Request], prefill: list[tuple[Request, int]]) -> dict[str, int]:
