@@ -60,8 +60,9 @@ class RouterCore(Membership, Routing):
         live = self.cfg.calibrate
         rows = [w.describe(live, now) for w in sorted(self.workers.values(), key=lambda w: w.id)]
         return p.StatusReply(
-            self.policy.name, rows, len(self.requests), len(self.pending), self.metrics.activity()
-        )
+            self.policy.name, rows, len(self.requests), len(self.pending), self.metrics.activity(),
+            starting=self.starting.rows(now, self.workers),
+        )  # fmt: skip
 
     def submit(self, identity: bytes, msg: p.Submit, now: float) -> None:
         """A request joins the pending queue (routed by ``dispatch``), or is refused."""

@@ -44,6 +44,9 @@ class Membership(CoreState):
         if isinstance(msg, p.Ready):
             self.register(identity, msg, now)
             return
+        if isinstance(msg, p.Starting):  # from its own connection: no identity to know
+            self.announced(msg, now)
+            return
         w = self._worker_by_identity(identity)
         if w is None:
             if not isinstance(msg, p.Goodbye):
@@ -101,6 +104,15 @@ class Membership(CoreState):
         remaining = sum(r.prefill_remaining + r.decode_remaining for r in hb.active + hb.queued)
         self.liveness.on_heartbeat(w.id, remaining, bool(w.inflight), now)
 
+    def announced(self, msg: p.Starting, now: float) -> None:
+        """A starting worker's announcement (broker/starting.py); one that crossed its
+        own instance's Ready on the way is late, and dropped."""
+        w = self.workers.get(msg.worker_id)
+        if w is None or w.info.instance != msg.instance:
+            self.starting.announce(msg.worker_id, msg.instance, device=msg.device,
+                                   model=msg.model, stage=msg.stage, eta_s=msg.eta_s,
+                                   every_s=msg.every_s, now=now)  # fmt: skip
+
     def register(self, identity: bytes, ready: p.Ready, now: float) -> None:
         self._hb_frames.pop(identity, None)  # a new registration starts from full reports
         if self.tokenizer is None and not ready.tokenizer and ready.tokenizer_hash:
@@ -114,6 +126,7 @@ class Membership(CoreState):
         if problem:
             log.error("refusing worker %s: %s", ready.worker_id, problem.message)
             self.out.to_worker(identity, p.Error(problem.code, problem.message))
+            self.starting.refused(ready.worker_id, ready.instance)
             return
         if self.tokenizer is None:
             self.tokenizer = TextTokenizer(TokenizerSpec.from_wire(ready.tokenizer))
@@ -138,6 +151,7 @@ class Membership(CoreState):
         self.workers[ready.worker_id] = WorkerState(identity, ready, now, inflight_cap=cap)
         self._claims.first.pop(identity, None)
         self._by_identity[identity] = ready.worker_id
+        self.starting.registered(ready.worker_id, ready.instance)
         log.info("worker %s joined: %s on %s, max_active %d", ready.worker_id, ready.backend,
                  ready.device, ready.max_active)  # fmt: skip
         self.out.to_worker(identity, self._welcome())
@@ -155,6 +169,7 @@ class Membership(CoreState):
             log.error("refusing worker %s from %r: %s", ready.worker_id, identity,
                       refused.message)  # fmt: skip
             self.out.to_worker(identity, p.Error(refused.code, refused.message))
+            self.starting.refused(ready.worker_id, ready.instance)
             return True
         if taken:  # no reply: a restarted worker retries its Ready until the id is free
             log.warning("ignoring Ready from %r: %s", identity, taken.message)
@@ -238,6 +253,7 @@ class Membership(CoreState):
         if now < self._expiry_at:
             return
         self._expiry_at = now + EXPIRE_EVERY_S
+        self.starting.expire(now)
         for w in list(self.workers.values()):
             window_s = w.liveness_s(self.cfg.liveness_s)
             why = self.liveness.why_expired(w.id, w.last_seen, window_s, bool(w.inflight), now)

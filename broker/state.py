@@ -29,6 +29,7 @@ from tandem.broker.policies import parse_policy
 from tandem.broker.registry import Claims, WorkerState
 from tandem.broker.relay import Pending, TokenOutbox
 from tandem.broker.requests import ClientRequest, PendingQueue
+from tandem.broker.starting import StartingList
 from tandem.broker.tokenize import Inline, Tokenizing
 from tandem.common import protocol as p
 from tandem.common.refusals import RefusalLog
@@ -60,6 +61,7 @@ class CoreState:
         self.cfg = cfg
         self.policy = parse_policy(cfg.policy)
         self.workers: dict[str, WorkerState] = {}
+        self.starting = StartingList(cfg.liveness_s)  # announced, not yet registered
         self.requests: dict[str, ClientRequest] = {}  # by worker-side id
         self.pending = PendingQueue(prompt_units)  # for any worker, routed in order
         # The first worker's tokenizer becomes the router's; a driver that only ever

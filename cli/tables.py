@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tandem.client.waiting import stage_words
 from tandem.common import protocol as p
 
 
@@ -26,8 +27,9 @@ def workers_table(reply: p.StatusReply) -> str:
     head = f"policy {reply.policy}, {reply.requests_in_flight} request(s) in flight"
     if reply.requests_pending:
         head += f", {reply.requests_pending} waiting for a worker"
+    starting = ["", starting_table(reply.starting)] if reply.starting else []
     if not reply.workers:
-        return head + "\n(no workers connected)"
+        return "\n".join([head, *starting] if starting else [head, "(no workers connected)"])
     rows = [
         [
             worker_label(w),
@@ -56,7 +58,15 @@ def workers_table(reply: p.StatusReply) -> str:
         if w.get("provisional")
     ]
     notes.append(CAPABILITIES_LEGEND)
-    return "\n".join([head, render(headers, rows), *notes, "", rates_table(reply.workers)])
+    tables = [head, render(headers, rows), *notes, *starting]
+    return "\n".join([*tables, "", rates_table(reply.workers)])
+
+
+def starting_table(rows: list[dict[str, Any]]) -> str:
+    """The workers announced but not registered yet (``StatusReply.starting``)."""
+    cells = [[w["id"], w["state"], w["device"], stage_words(w["stage"]), _or_dash(w.get("eta_s")),
+              w["starting_for_s"]] for w in rows]  # fmt: skip
+    return render(["worker", "state", "device", "stage", "eta_s", "starting_for_s"], cells)
 
 
 PROVISIONAL = "provisional: priced on start-up rates its served steps have not yet borne out"

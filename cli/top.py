@@ -14,7 +14,7 @@ import sys
 import termios
 import time
 import tty
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ from rich.text import Text
 
 from tandem.cli.options import client_addr, keys_option
 from tandem.cli.tables import CAPABILITIES_LEGEND, cache_cell, capabilities_cell, worker_label
+from tandem.client.waiting import stage_words
 from tandem.common import protocol as p
 
 DECISIONS_SHOWN = 8
@@ -64,11 +65,12 @@ def render(st: p.StatusReply | None, rates: Rates, address: str, error: str = ""
         (f"{rates.req_s:.1f} req/s  {rates.tok_s:.0f} tok/s", "bold cyan"),
         f"  up {float(act.get('uptime_s', 0)):.0f}s   (q quits)",
     )
-    return Group(head, workers_table(st.workers), decisions_table(act))
+    return Group(head, workers_table(st.workers, st.starting), decisions_table(act))
 
 
-def workers_table(rows: list[dict[str, Any]]) -> Table:
-    """Rates read "advertised (priced)" tok/s; decode is at batch 1."""
+def workers_table(rows: list[dict[str, Any]], starting: Sequence[dict[str, Any]] = ()) -> Table:
+    """Rates read "advertised (priced)" tok/s; decode is at batch 1. ``starting``:
+    workers announced but not registered yet, with their stage and seconds left."""
     t = Table(
         title="workers  (rates: advertised (priced) tok/s; * provisional)",
         title_justify="left",
@@ -96,7 +98,14 @@ def workers_table(rows: list[dict[str, Any]]) -> Table:
             f"{w['last_seen_s']:.1f}s",
             capabilities_cell(w),
         )
-    if not rows:
+    for s in starting:  # by column: the stage where the rates go, the estimate after it
+        eta = s.get("eta_s")
+        cells = {"worker": str(s["id"]), "device": str(s["device"]), "act": "starting",
+                 "prefill": stage_words(s["stage"]),
+                 "decode": "-" if eta is None else f"~{eta:.0f}s",
+                 "seen": f"{s['last_seen_s']:.1f}s"}  # fmt: skip
+        t.add_row(*(cells.get(str(c.header), "") for c in t.columns), style="dim")
+    if not rows and not starting:
         t.add_row("(no worker registered)", *[""] * 12)
     return t
 

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from tandem.cli.options import client_addr, keys_option
+from tandem.client.waiting import waiting_for_starting
 from tandem.common import protocol as p
 
 
@@ -164,7 +165,7 @@ def _explainer(worker_sel: str | None) -> Any:
     def explain(status: p.StatusReply) -> None:
         line = waiting_line(status, worker_sel)
         shape = re.sub(r"[0-9.]+", "#", line)
-        if shape != said[0]:
+        if line and shape != said[0]:
             said[0] = shape
             click.echo(line, err=True)
 
@@ -172,10 +173,16 @@ def _explainer(worker_sel: str | None) -> Any:
 
 
 def waiting_line(status: p.StatusReply, worker_sel: str | None = None) -> str:
-    """Why a request the router holds is not running yet, from its status."""
+    """Why a request the router holds is not running yet, from its status ("" when
+    none waits there any more: it was placed after the client asked)."""
     workers = status.workers
     if worker_sel and not any(worker_sel in (w["id"], w["device"]) for w in workers):
+        named = [s for s in status.starting if worker_sel in (s["id"], s["device"])]
+        if named:
+            return waiting_for_starting(named)
         return f"waiting for worker {worker_sel} to register (the router holds the request)"
+    if not workers and status.starting:  # who is coming, doing what, ready in how long
+        return waiting_for_starting(status.starting)
     if not workers:
         return (
             "waiting for a worker to register: none has yet (a starting worker registers "
@@ -189,4 +196,6 @@ def waiting_line(status: p.StatusReply, worker_sel: str | None = None) -> str:
             f"waiting for a free slot: every worker is full ({busy}); "
             f"{status.requests_pending} request(s) waiting in all"
         )
+    if not status.requests_pending:  # placed meanwhile: its first output is on its way
+        return ""
     return f"waiting at the router: {status.requests_pending} request(s) not yet placed"

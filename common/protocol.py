@@ -46,7 +46,8 @@ PROTOCOL_VERSION = 11  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step
 # 7: msgspec Structs (fields at their default left out, ``type`` first, ids without control
 # characters); 8: sampling's penalties, logit_bias, min_p, logprobs, json_schema, token
 # logprobs, ready.capabilities (a request that needs one must not reach a worker that drops it);
-# 9: heartbeat.cache, .steps and done.stats typed (their fields at their default left out)
+# 9: heartbeat.cache, .steps and done.stats typed (their fields at their default left out);
+# 10: starting (a worker announces itself while it loads), status_reply.starting
 # 11: heartbeat.cache.tiers (the prefix cache's sizes by tier)
 
 
@@ -370,6 +371,7 @@ class StatusReply(Message, tag="status_reply"):
     requests_in_flight: int = 0
     requests_pending: int = 0  # waiting for a worker (none yet, or theirs was lost)
     activity: dict[str, Any] = {}  # totals, recent decisions
+    starting: list[dict[str, Any]] = []  # workers announced, not yet registered (Starting)
 
 
 # ---------------------------------------------------------------- router -> client
@@ -457,6 +459,28 @@ class Ready(Message, tag="ready"):
     capabilities: Annotated[list[Label], Meta(max_length=32)] = []
 
 
+class StartStage(StrEnum):
+    """Where a starting worker is (``Starting.stage``)."""
+
+    LOADING = "loading"  # its model (and, for a GPU, its device)
+    MEASURING = "measuring"  # its step times, before it can price itself
+    REGISTERING = "registering"  # prices known: its Ready follows
+
+
+class Starting(Message, tag="starting"):
+    """Worker -> router while it starts, from a connection of its own (its Ready's
+    identity needs what loading builds): who is coming and when. Sent at once, on
+    each stage change and every ``every_s`` until its Ready; the router lists it in
+    ``StatusReply.starting`` (broker/starting.py) and answers nothing."""
+
+    worker_id: Id
+    instance: Id  # its Ready's: the Ready replaces the announcement
+    device: Id  # as configured until the backend names it (``auto`` at first)
+    model: Id  # its display name (common.model_files.model_display_name)
+    stage: StartStage = StartStage.LOADING
+    eta_s: Annotated[float, Meta(ge=0, le=86400)] | None = None  # seconds left; None unknown
+    every_s: Annotated[float, Meta(ge=bounds.HEARTBEAT_S[0], le=bounds.HEARTBEAT_S[1])] = 1.0
+
 
 def tokenizer_hash(spec: dict[str, Any]) -> str:
     """A stable name for a tokenizer spec: equal specs, equal hashes, on any peer."""
@@ -542,6 +566,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Done,
         Error,
         Ready,
+        Starting,
         Heartbeat,
         Assign,
         Reregister,

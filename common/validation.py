@@ -179,7 +179,11 @@ def _submit(m: p.Submit) -> Problem | None:
 
 
 def _status_reply(m: p.StatusReply) -> Problem | None:
-    return tree_problem(m.workers, 1, "workers") or tree_problem(m.activity, 1, "activity")
+    return (
+        tree_problem(m.workers, 1, "workers")
+        or tree_problem(m.activity, 1, "activity")
+        or tree_problem(m.starting, 1, "starting")
+    )
 
 
 _CHECKS: dict[str, Check] = {  # by message tag; the others have no rule across fields

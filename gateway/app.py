@@ -28,6 +28,7 @@ from starlette.routing import Route
 from tandem.client.aio import AsyncClient
 from tandem.client.errors import RouterLost, TandemError
 from tandem.client.session import Delta, Result
+from tandem.client.waiting import waiting_for_starting
 from tandem.common import protocol as p
 from tandem.gateway.config import GatewayConfig
 from tandem.gateway.disconnect import ClientGone, EventStream, unless_disconnected
@@ -265,7 +266,10 @@ class Gateway:
     async def models(self, request: Request) -> Response:
         self.authorize(request)
         st = await self.status()  # starting: the names it was told to serve under, if any
-        data = model_list(st.workers, self.cfg.model_aliases)
+        aliases = self.cfg.model_aliases
+        if not st.workers:  # and those of the workers that announced they are starting
+            aliases = (*aliases, *(str(s["model"]) for s in st.starting))
+        data = model_list(st.workers, aliases)
         return JSONResponse({"object": "list", "data": data})
 
     async def model(self, request: Request) -> Response:
@@ -286,7 +290,10 @@ class Gateway:
         if st.workers:
             return JSONResponse({"status": "ok", "workers": len(st.workers)})
         why = "no worker has registered yet (one registers once its model is loaded)"
-        return JSONResponse({"status": STARTING, "workers": 0, "reason": why}, 503)
+        if st.starting:
+            why = waiting_for_starting(st.starting)
+        body = {"status": STARTING, "workers": 0, "starting": st.starting, "reason": why}
+        return JSONResponse(body, 503)
 
 
 def build_app(cfg: GatewayConfig) -> Starlette:

@@ -13,6 +13,7 @@ from tandem.common import protocol as p
 from tandem.common.affinity import pin
 from tandem.common.model_files import DEFAULT_MODEL_FILE
 from tandem.common.settings import env_str
+from tandem.workers.announce import announce
 from tandem.workers.backends import build_backend
 from tandem.workers.config import WorkerConfig
 from tandem.workers.engine import Backend, Engine
@@ -30,18 +31,29 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
     stop = stop or threading.Event()
     progress = Progress(cfg.progress_json)
     progress("loading", worker_id=cfg.worker_id, model=cfg.model or DEFAULT_MODEL_FILE)
+    instance = uuid.uuid4().hex  # the Ready's too: the router ties the two together
+    # The router hears of a starting worker at once when its id is known, else once
+    # the backend has named its device (the id's default names it).
+    announcer = announce(cfg, cfg.worker_id, instance, cfg.device) if cfg.worker_id else None
     try:
         pin(cfg.cpus)  # before the backend starts its threads: they inherit it
         cfg = size_worker(cfg)  # the prefix cache's sizes, from the device's memory
         backend = build_backend(cfg)
         worker_id = cfg.resolved_id(backend.device)
-        prices = start_prices(cfg, backend, worker_id, progress)
+        announcer = announcer or announce(cfg, worker_id, instance, backend.device)
+        announcer.device = backend.device
+        prices = start_prices(cfg, backend, worker_id, progress, announcer.stage)
+        announcer.stage(p.StartStage.REGISTERING, 0.0)
     except Exception as exc:  # the CLI prints it; a supervisor reads the event
         progress("error", worker_id=cfg.worker_id, message=str(exc))
         raise
+    finally:
+        if announcer is not None:  # the Ready replaces it (or the worker stops)
+            announcer.close()
     ready = ready_message(
-        cfg, backend, worker_id, prices.prefill_tok_s, prices.decode_tok_s, prices.provisional
-    )
+        cfg, backend, worker_id, prices.prefill_tok_s, prices.decode_tok_s, prices.provisional,
+        instance,
+    )  # fmt: skip
     inbox: queue.Queue[p.Message] = queue.Queue()
     from tandem.common.auth import peer_setup
 
@@ -99,6 +111,7 @@ def ready_message(
     prefill: float,
     decode: list[float],
     provisional: bool = False,
+    instance: str | None = None,
 ) -> p.Ready:
     """The Ready this worker registers with: what it is, its limits, its rates."""
     spec = backend.tokenizer_spec.to_wire()
@@ -115,7 +128,7 @@ def ready_message(
         heartbeat_s=cfg.engine.heartbeat_s,
         tokenizer=spec,
         max_tokens_limit=cfg.engine.max_tokens_limit,
-        instance=uuid.uuid4().hex,
+        instance=instance or uuid.uuid4().hex,
         tokenizer_hash=p.tokenizer_hash(spec),
         step_tokens=cfg.engine.step_tokens,
         weights=backend.weights_digest,

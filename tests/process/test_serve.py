@@ -101,12 +101,18 @@ def test_serve_answers_restarts_a_killed_worker_and_stops_clean(tmp_path, monkey
             "--run-dir", str(tmp_path / "run")]  # fmt: skip
     s = Served(args, env)
     try:
+        gateway_up = s.expect("gateway", "up")
+        # The model's id at once, while the worker may still start: its display name.
+        base = f"http://127.0.0.1:{s.port}/v1"
+        early = openai.OpenAI(base_url=base, api_key="sk-test", max_retries=0, timeout=30)
+        assert early.models.list().data[0].id == "org/Smol-GGUF", gateway_up
         ready = s.expect("ready:")
         url = ready.split("ready:")[1].strip()
         assert url == f"http://127.0.0.1:{s.port}/v1"
         curl = s.expect("curl ")
         assert "Authorization: Bearer sk-test" in curl and "smol-Q4_1.gguf" in curl
         client = openai.OpenAI(base_url=url, api_key="sk-test", max_retries=0, timeout=120)
+        assert client.models.list().data[0].id == "org/Smol-GGUF"  # the same once ready
         reply = client.chat.completions.create(
             model="org/Smol-GGUF:Q4_1",  # the name it was served by: an alias of the file's
             messages=[{"role": "user", "content": "Name a color."}],

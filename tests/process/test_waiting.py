@@ -113,6 +113,50 @@ def test_a_request_sent_while_the_worker_starts_waits_for_it():
         assert table.returncode == 0 and "cpu0" in table.stdout and table.stderr == ""
 
 
+@needs_llama
+@pytest.mark.model
+def test_the_waiting_line_names_the_starting_worker_its_stage_and_time_left():
+    """A worker announces itself as soon as it starts (Starting): the CLI's waiting
+    line, `tandem status` and the gateway's /health name it while it loads and
+    measures itself; the request then completes on it."""
+    args = [a for a in LLAMA_ARGS if a not in ("--warmup", "off")] + ["--warmup", "quick"]
+    with Cluster(router_args=["--no-worker-wait-s", "240"]) as cl:
+        url = cl.start_gateway("gateway", ("--model-alias", ALIAS))
+        cl.start_worker(WorkerSpec("cpu0", args), wait=False)
+        starting = _until(lambda: _starting_health(url), 60)  # before the request: no race
+        assert starting["starting"][0]["id"] == "cpu0" and "cpu0 (" in starting["reason"]
+        gen = subprocess.Popen(
+            [sys.executable, "-m", "tandem", "generate", "Name a color.", "--max-tokens", "4",
+             "--router", cl.client_addr],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            out, err = gen.communicate(timeout=180)
+        finally:
+            gen.kill()
+        assert gen.returncode == 0 and out.strip(), err
+        first = err.splitlines()[0]
+        assert first.startswith("waiting for worker cpu0 ("), err
+        assert any(s in first for s in ("loading its model", "measuring itself", "ready soon"))
+        status, body = call(f"{url}/health")
+        assert status == 200 and body["status"] == "ok"
+
+
+def _starting_health(url: str) -> dict | None:
+    status, body = call(f"{url}/health")
+    return body if status == 503 and body.get("starting") else None
+
+
+def _until(probe, timeout_s: float):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = probe()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout_s} s")
+
+
 def test_version_is_the_installed_package_version():
     out, _ = tandem("--version")
     assert out.returncode == 0

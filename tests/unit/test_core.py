@@ -19,7 +19,7 @@ from tandem.common.settings import Addresses
 from tests.helpers import fake_ready, tiny_tokenizer
 
 BROKER = Path(__file__).resolve().parents[2] / "broker"
-CORE_MODULES = ("core.py", "state.py", "membership.py", "routing.py", "outgoing.py")
+CORE_MODULES = ("core.py", "state.py", "membership.py", "routing.py", "outgoing.py", "starting.py")
 UNBOUND = Addresses("inproc://core-clients", "inproc://core-workers")
 
 

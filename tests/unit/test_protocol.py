@@ -69,6 +69,8 @@ EXAMPLES = [
     p.Ready(
         "w", "llama.cpp", "cpu", "m", 1, 64, 16, 1.0, [1.0], 0.5, {}, capabilities=["logprobs"]
     ),
+    p.Starting("w", "i1", "auto", "m", p.StartStage.MEASURING, 3.5),
+    p.StatusReply("lookahead", [], starting=[{"id": "w", "stage": "loading", "eta_s": None}]),
     p.ResyncCache(),
     p.Goodbye("w"),
     p.Batch([{"type": "cancel", "request_id": "r1"}]),

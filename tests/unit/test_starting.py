@@ -5,7 +5,10 @@ reach it, and the announcing side's estimate of the seconds left."""
 from __future__ import annotations
 
 from tandem.broker.starting import WINDOWS, StartingList
+from tandem.common import protocol as p
 from tandem.workers.startup import QUICK_BUDGET_S, QUICK_DEADLINE_S, Eta
+from tests.helpers import fake_ready, tiny_tokenizer
+from tests.unit.test_core import core, sent
 
 
 def announce(s: StartingList, wid: str, instance: str, now: float, **kw: object) -> None:
@@ -82,3 +85,52 @@ def test_the_eta_follows_the_pace_and_a_quick_one_never_passes_its_deadline():
     assert full(0, 8) is None  # a full measurement (a GPU compiling): no guess yet
     clock.t += 2.0
     assert full(2, 8) == 6.0
+
+
+# ------------------------------------------------------------ through the router core
+def starting(wid: str, instance: str, stage: str = "measuring", eta_s: float | None = 3.0):
+    return p.Starting(worker_id=wid, instance=instance, device="cpu", model="m", stage=stage,
+                      eta_s=eta_s, every_s=1.0)  # fmt: skip
+
+
+def ready(wid: str, instance: str) -> p.Ready:
+    r = fake_ready(wid, (100.0, [50.0]), 1, tiny_tokenizer())
+    r.instance = instance
+    return r
+
+
+def test_the_core_lists_an_announced_worker_until_its_ready_and_ignores_a_late_one():
+    c = core(liveness_s=3.0)
+    c.worker(b"cpu0/a-announce", starting("cpu0", "a"), 0.0)
+    assert sent(c) == []  # nothing owed: not a Reregister as for an unknown worker
+    [row] = c.status(1.0).starting
+    assert (row["id"], row["stage"], row["eta_s"]) == ("cpu0", "measuring", 2.0)
+    assert c.status(1.0).workers == []
+    c.worker(b"cpu0/a", ready("cpu0", "a"), 1.5)
+    assert c.status(2.0).starting == [] and [w["id"] for w in c.status(2.0).workers] == ["cpu0"]
+    c.worker(b"cpu0/a-announce", starting("cpu0", "a", "registering"), 1.6)  # crossed it
+    assert c.status(2.0).starting == []
+
+
+def test_the_core_forgets_a_silent_starting_worker_when_it_expires_workers():
+    c = core(liveness_s=3.0)
+    c.worker(b"x", starting("cpu0", "a"), 0.0)
+    c.worker(b"y", starting("gpu0", "b"), 5.0)
+    c.tick(6.5)  # cpu0 missed six announcements; gpu0 spoke 1.5 s ago
+    assert [r["id"] for r in c.status(6.5).starting] == ["gpu0"]
+
+
+def test_a_duplicate_id_s_announcement_is_not_shown_and_its_refused_ready_drops_it():
+    c = core(liveness_s=3.0)
+    c.worker(b"cpu0/a", ready("cpu0", "a"), 0.0)
+    c.worker(b"cpu0/b-announce", starting("cpu0", "b"), 0.5)
+    assert c.status(0.5).starting == []  # cpu0 is registered: its row is what status shows
+    c.worker(b"cpu0/b", ready("cpu0", "b"), 1.0)  # a's holder is live: b waits or is refused
+    cache = p.CacheReport(full=True, seq=1)
+    hb = p.Heartbeat(worker_id="cpu0", seq=1, active=[], queued=[], kv_used_tokens=0,
+                     kv_capacity_tokens=8192, cache=cache)  # fmt: skip
+    c.worker(b"cpu0/a", hb, 1.2)  # the holder speaks after b's claim began: b is a duplicate
+    c.worker(b"cpu0/b", ready("cpu0", "b"), 1.5)
+    refused = [m for peer, m in sent(c) if peer == b"cpu0/b" and isinstance(m, p.Error)]
+    assert refused and "cpu0" in refused[0].message
+    assert c.starting.workers == {}  # it stops: not starting any more
