@@ -55,8 +55,11 @@ def generate(
     """Generate a completion for PROMPT."""
     from tandem.client import Client, TandemError
 
-    text_arg = {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
-    options = dict(
+    # Keyword arguments of Client.stream, whose own checks type them (client/checks.py).
+    text_arg: dict[str, Any] = (
+        {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
+    )
+    options: dict[str, Any] = dict(
         max_tokens=max_tokens,
         temperature=temperature,
         top_p=top_p,
@@ -94,7 +97,7 @@ def generate(
     )
 
 
-def _check_arguments(text_arg: dict, options: dict, timeout_s: float) -> None:
+def _check_arguments(text_arg: dict[str, Any], options: dict[str, Any], timeout_s: float) -> None:
     """One clear line and exit 1 for any argument the request cannot carry."""
     from tandem.client.errors import BadRequest
     from tandem.client.session import make_submit
