@@ -552,7 +552,7 @@ class Goodbye(Message, tag="goodbye"):
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    cls.__struct_config__.tag: cls  # type: ignore[misc]
+    str(cls.__struct_config__.tag): cls  # each declares a string tag
     for cls in (
         Hello,
         Welcome,
