@@ -196,10 +196,12 @@ class MlxBackend:
 
     def save(self, handle: CachedKV) -> host_state.HostKV | None:
         """The prefix cache's host tier: host-RAM copies of a cached entry's KV."""
-        return host_state.save(handle)
+        return host_state.save(handle.layers, handle.n_tokens)
 
     def restore(self, state: host_state.HostKV) -> CachedKV:
-        return host_state.restore(self, state)
+        layers = host_state.load(state, self._stream)
+        self._held_tokens += state.n_tokens
+        return CachedKV(layers, state.n_tokens)
 
     # ------------------------------------------------------------ the step
     def run(self, decode: list[Request], prefill: list[tuple[Request, int]]) -> dict[str, int]:

@@ -10,13 +10,12 @@ numpy has no bfloat16: such arrays travel as their 16 bits (a view, not a cast).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
-if TYPE_CHECKING:
-    from tandem.workers.backends.mlx.backend import CachedKV, MlxBackend
+from tandem.workers.backends.mlx.batch import KV
 
 
 @dataclass
@@ -32,23 +31,20 @@ class HostKV:
         return sum(k.nbytes + v.nbytes for k, v in self.layers)
 
 
-def save(handle: CachedKV) -> HostKV | None:
-    """Host copies of ``handle``'s arrays (None for a freed or empty handle)."""
-    if not handle.layers:
+def save(layers: list[KV] | None, n_tokens: int) -> HostKV | None:
+    """Host copies of a cache handle's arrays (None for a freed or empty one)."""
+    if not layers:
         return None
-    dtype = handle.layers[0][0].dtype
+    dtype = layers[0][0].dtype
     raw = mx.uint16 if dtype == mx.bfloat16 else dtype
-    layers = [(np.array(k.view(raw)), np.array(v.view(raw))) for k, v in handle.layers]
-    return HostKV(layers, handle.n_tokens, dtype)
+    return HostKV([(np.array(k.view(raw)), np.array(v.view(raw))) for k, v in layers],
+                  n_tokens, dtype)  # fmt: skip
 
 
-def restore(backend: MlxBackend, state: HostKV) -> CachedKV:
-    """``state`` as MLX arrays on ``backend``'s device again (counted as held there)."""
-    from tandem.workers.backends.mlx.backend import CachedKV
-
-    with mx.stream(backend._stream):
+def load(state: HostKV, stream: Any) -> list[KV]:
+    """``state``'s arrays as MLX arrays on ``stream``'s device again."""
+    with mx.stream(stream):
         layers = [(mx.array(k).view(state.dtype), mx.array(v).view(state.dtype))
                   for k, v in state.layers]  # fmt: skip
         mx.eval(layers)
-    backend._held_tokens += state.n_tokens
-    return CachedKV(layers, state.n_tokens)
+    return layers
