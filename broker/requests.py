@@ -5,13 +5,27 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from tandem.broker.arrivals import ages
 from tandem.common import protocol as p
-from tandem.common.tokenizer import TextTokenizer
 
 MAX_REROUTES = 2  # a request that killed two workers is not sent to a third
 SEED_SPACE = 2**64
+
+
+class PromptTokenizer(Protocol):
+    """What the router asks of its tokenizer: common/tokenizer.py's TextTokenizer, or a
+    driver's stand-in that takes token ids only (twin/loop.py)."""
+
+    vocab_size: int
+
+    @property
+    def max_piece_chars(self) -> int | None: ...  # None: no bound (see TextTokenizer's)
+
+    def encode(self, text: str, *, release_gil: bool = False) -> list[int]: ...
+
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str: ...
 
 
 def validate_submit(msg: p.Submit) -> p.Problem | None:
@@ -124,7 +138,7 @@ class ClientRequest:
 
 
 def prompt_tokens(
-    sub: p.Submit, tokenizer: TextTokenizer | None, release_gil: bool = False
+    sub: p.Submit, tokenizer: PromptTokenizer | None, release_gil: bool = False
 ) -> list[int]:
     """The token ids ``sub`` asks for (given, or its prompt / chat messages encoded);
     ValueError when they cannot be had. ``release_gil``: off the loop, on a thread

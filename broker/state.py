@@ -28,12 +28,11 @@ from tandem.broker.outgoing import Outgoing
 from tandem.broker.policies import parse_policy
 from tandem.broker.registry import Claims, WorkerState
 from tandem.broker.relay import Pending, TokenOutbox
-from tandem.broker.requests import ClientRequest, PendingQueue
+from tandem.broker.requests import ClientRequest, PendingQueue, PromptTokenizer
 from tandem.broker.starting import StartingList
 from tandem.broker.tokenize import Inline, Tokenizing
 from tandem.common import protocol as p
 from tandem.common.refusals import RefusalLog
-from tandem.common.tokenizer import TextTokenizer
 
 log = logging.getLogger("tandem.broker.router")
 
@@ -42,7 +41,7 @@ class CoreState:
     """What the router knows and owes; see the module docstring."""
 
     # Declared here, set in __init__ and by worker events (broker/membership.py).
-    tokenizer: TextTokenizer | None
+    tokenizer: PromptTokenizer | None
     tokenizer_hash: str
     model: str | None
     weights: str
@@ -53,7 +52,7 @@ class CoreState:
         self,
         cfg: RouterConfig,
         *,
-        tokenizer: TextTokenizer | None = None,
+        tokenizer: PromptTokenizer | None = None,
         offload: Tokenizing | None = None,
         epoch: str | None = None,
         cost_clock: Callable[[], float] = time.perf_counter,
@@ -66,7 +65,7 @@ class CoreState:
         self.pending = PendingQueue(prompt_units)  # for any worker, routed in order
         # The first worker's tokenizer becomes the router's; a driver that only ever
         # submits token ids (the twin) may give one that only knows the vocabulary.
-        self.tokenizer: TextTokenizer | None = tokenizer
+        self.tokenizer: PromptTokenizer | None = tokenizer
         self.tokenizer_hash: str = ""
         self.model: str | None = None
         self.weights: str = ""  # the first worker's weights digest ("" unknown)

@@ -25,9 +25,8 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from tandem.broker.admission import prompt_units
-from tandem.broker.requests import ClientRequest, prompt_tokens
+from tandem.broker.requests import ClientRequest, PromptTokenizer, prompt_tokens
 from tandem.common import protocol as p
-from tandem.common.tokenizer import TextTokenizer
 
 # Measured on the 2-core dev VM (SmolLM2's tokenizer, English text): 1 Ki characters
 # take ~0.4 ms inline and as long through the pool (hand-off included); 4 Ki 2.0 ms
@@ -74,7 +73,7 @@ class Tokenizing:
     def wants(self, req: ClientRequest) -> bool:
         return req.tokens is None and prompt_chars(req.submit) > self.off_loop_chars
 
-    def start(self, req: ClientRequest, tokenizer: TextTokenizer) -> None:
+    def start(self, req: ClientRequest, tokenizer: PromptTokenizer) -> None:
         job = self._pool.submit(prompt_tokens, req.submit, tokenizer, True)
         self._jobs[(req.client, req.submit.request_id)] = (req, job)
         self.units += prompt_units(req.submit)
@@ -130,7 +129,7 @@ class Inline:
     def wants(self, req: ClientRequest) -> bool:
         return False
 
-    def start(self, req: ClientRequest, tokenizer: TextTokenizer) -> None:
+    def start(self, req: ClientRequest, tokenizer: PromptTokenizer) -> None:
         raise RuntimeError("nothing is tokenized beside the loop")  # wants() said no
 
     def finished(self) -> Iterator[tuple[ClientRequest, list[int] | BaseException]]:

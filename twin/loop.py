@@ -36,9 +36,13 @@ class IdsOnly:
     """The core's tokenizer for a driver that submits token ids only."""
 
     vocab_size = 1 << 31
+    max_piece_chars: int | None = None
 
-    def encode(self, text: str, **_: Any) -> list[int]:
+    def encode(self, text: str, *, release_gil: bool = False) -> list[int]:
         raise ValueError("the twin submits token ids, never text")
+
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
+        raise ValueError("the twin submits token ids, never messages")
 
 
 class TwinLoop:
@@ -51,7 +55,7 @@ class TwinLoop:
             addresses=UNBOUND, policy=policy, calibrate=calibrate,
             decode_estimate=decode_estimate, accept_hold_ms=0.0,
         )  # fmt: skip
-        self.core = RouterCore(cfg, tokenizer=IdsOnly(), epoch="twin")  # type: ignore[arg-type]
+        self.core = RouterCore(cfg, tokenizer=IdsOnly(), epoch="twin")
         self.core.log_decisions = True  # records kept in memory (``decisions``), with their time
         self.send = send
         self.records: dict[str, RequestRecord] = {}  # by the client's request id
