@@ -60,6 +60,21 @@ def test_llama_token_logprobs_are_a_log_softmax_with_its_top_n() -> None:
     assert len(ls.token_logprobs(logits, 0, 20).top_ids) == 5  # fewer only if the vocab is
 
 
+def test_llama_top_n_equals_a_full_sort() -> None:
+    """The block-maxima shortcut picks what sorting everything picks, ties included."""
+    ls = pytest.importorskip("tandem.workers.backends.llama_sampling")
+    rng = np.random.default_rng(1)
+    for trial in range(200):
+        size, n = int(rng.integers(1, 2000)), int(rng.integers(0, 25))
+        x = rng.normal(size=size).astype(np.float32)
+        if trial % 3 == 0:
+            x = np.round(x, 1)  # many ties
+        if trial % 5 == 0:
+            x[rng.integers(0, size, size=size // 2)] = -np.inf  # banned tokens
+        want = np.lexsort((np.arange(size), -x))[: min(n, size)]
+        assert ls.top_n(x, n).tolist() == want.tolist(), (size, n)
+
+
 def test_llama_seeds_avoid_llama_cpp_s_random_seed_sentinel() -> None:
     ls = pytest.importorskip("tandem.workers.backends.llama_sampling")
     assert ls.dist_seed(7) == 7

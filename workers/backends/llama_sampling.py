@@ -246,10 +246,26 @@ def processed_logits(c: Chain, ctx: Any, index: int, n_vocab: int) -> np.ndarray
 def token_logprobs(logits: np.ndarray, token: int, n: int) -> TokenLogprobs:
     """``token``'s log-probability under ``logits`` and the ``n`` likeliest tokens'."""
     logprobs = log_softmax(logits)
-    n = min(n, len(logprobs))
-    top = np.argpartition(-logprobs, n - 1)[:n] if n else np.empty(0, dtype=np.int64)
-    top = top[np.lexsort((top, -logprobs[top]))]  # descending, ties by id
+    top = top_n(logprobs, n)
     return TokenLogprobs(float(logprobs[token]), top.tolist(), logprobs[top].tolist())
+
+
+def top_n(x: np.ndarray, n: int, block: int = 64) -> np.ndarray:
+    """Indices of ``x``'s ``n`` largest values, largest first (ties by index).
+
+    A full argpartition of 49k values costs ~0.3-1 ms; here the maxima of 64-wide
+    blocks give a bound (the n-th largest block maximum: at least n values reach it)
+    and only the few values at or above it are sorted, ~0.05 ms.
+    """
+    n = min(n, len(x))
+    if n == 0:
+        return np.empty(0, dtype=np.int64)
+    padded = np.pad(x, (0, -len(x) % block), constant_values=-np.inf)
+    maxima = padded.reshape(-1, block).max(axis=1)
+    bound = np.partition(maxima, len(maxima) - n)[len(maxima) - n] if n <= len(maxima) else -np.inf
+    candidates = np.flatnonzero(x >= bound)
+    order = np.lexsort((candidates, -x[candidates]))  # descending, ties by index
+    return candidates[order[:n]]
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
