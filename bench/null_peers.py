@@ -61,7 +61,7 @@ def _resend(msg: dict[str, Any]) -> bool | None:
 def null_worker(address: str, mode: str, stop: Any) -> None:
     """``mode``: "router" (connect, Ready, Assign), "relay" (connect, Submit) or
     "direct" (bind, Submit)."""
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 0)
     spec = tiny_spec()
@@ -111,7 +111,7 @@ def null_worker(address: str, mode: str, stop: Any) -> None:
 
 def plain_relay(front: str, back: str, stop: Any) -> None:
     """Forward client frames to the one worker and worker frames to the last client."""
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context = zmq.Context.instance()
     fs, bs = ctx.socket(zmq.ROUTER), ctx.socket(zmq.ROUTER)
     for s, addr in ((fs, front), (bs, back)):
         s.setsockopt(zmq.LINGER, 0)
@@ -146,7 +146,7 @@ def heartbeat_swarm(address: str, n_workers: int, spec: dict[str, Any], stop: An
     """``n_workers`` idle workers: Ready (the spec only when asked, where the
     protocol allows), then, once welcomed, an empty heartbeat every HEARTBEAT_S
     each (as a real worker: none before its Welcome)."""
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context = zmq.Context.instance()
     socks = []
     for i in range(n_workers):
         s = ctx.socket(zmq.DEALER)

@@ -279,7 +279,9 @@ class Membership(CoreState):
         assigned (no reroute counted)."""
         w, again = self._worker_by_identity(identity), []
         for msg in lost:
-            req = self.requests.get(msg.request_id) if isinstance(msg, p.Assign) else None
+            if not isinstance(msg, p.Assign):
+                continue
+            req = self.requests.get(msg.request_id)
             if req is not None and w is not None and req.worker_id == w.id:
                 self.accepts.pop(msg.request_id, None)  # it was never accepted there
                 self._forget(w, req)

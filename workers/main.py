@@ -133,6 +133,7 @@ def ready_message(
         step_tokens=cfg.engine.step_tokens,
         weights=backend.weights_digest,
         provisional=provisional,
+        capabilities=list(backend.capabilities),  # what the router may route here
     )
 
 
@@ -146,7 +147,6 @@ def _stop_within(stop: threading.Event, grace_s: float) -> None:
     """
     if stop.is_set():
         return
-        capabilities=list(backend.capabilities),  # what the router may route here
     stop.set()
 
     def hard_exit() -> None:
