@@ -40,12 +40,14 @@ def link_tree() -> dict[Path, Path]:
     package.mkdir(parents=True, exist_ok=True)
     for old in package.iterdir():  # a room or file the checkout no longer has
         if old not in want:
-            old.unlink()
+            old.unlink(missing_ok=True)
     for link, target in want.items():
         if link.is_symlink() and Path(os.readlink(link)) == target:
             continue
-        link.unlink(missing_ok=True)
-        link.symlink_to(target, target_is_directory=target.is_dir())
+        # made aside and renamed over: two runs at once (two pytest sessions) both succeed
+        new = link.with_name(f"{link.name}.{os.getpid()}")
+        new.symlink_to(target, target_is_directory=target.is_dir())
+        os.replace(new, link)
     return {link: target for link, target in want.items() if target.is_dir()}
 
 
