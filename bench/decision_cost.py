@@ -21,7 +21,6 @@ decision's cost. Wall-time medians are printed beside them.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import statistics
 import sys
@@ -86,7 +85,7 @@ def time_policy(policy: str, n: int, repeats: int) -> dict[str, float]:
         cold.append(time.thread_time() - t)
         wall.append(time.perf_counter() - w)
         i = k % n  # the worker the previous decision chose gets one more queued request
-        views[i] = dataclasses.replace(views[i], queued=(*views[i].queued, Load(4, 128)))
+        views[i] = views[i].replace(queued=(*views[i].queued, Load(4, 128)))
         t = time.thread_time()
         pol.choose(REQ, views)
         burst.append(time.thread_time() - t)

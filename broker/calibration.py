@@ -18,7 +18,6 @@ by the ratio of realized to requested tokens over recently finished requests
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import deque
 from typing import Any
@@ -71,8 +70,7 @@ class Calibration:
     def adjust(self, view: WorkerView) -> WorkerView:
         """``view`` with estimated decode budgets, when enabled."""
         if self.ratio != 1.0:
-            view = dataclasses.replace(
-                view,
+            view = view.replace(
                 active=tuple(
                     Load(x.prefill_remaining, self._scale(x.decode_remaining)) for x in view.active
                 ),

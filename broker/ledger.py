@@ -88,8 +88,6 @@ class ViewCache:
             return entry[2]
         raw = w.base_view(live=self.calibration.calibrate)
         view = self.calibration.adjust(raw)
-        if view is not raw and view.active is raw.active and view.queued is raw.queued:
-            view.__dict__["backlog"] = raw.backlog  # same loads: keep the running totals
         w.view_entry = (w.version, cal, view)
         return view
 

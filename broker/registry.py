@@ -202,15 +202,20 @@ class WorkerState:
         no walk of the ledger, totals included."""
         self.loads.settle(self.inflight)
         loads = self.loads
-        view = self._view(tuple(loads.active.values()), tuple(loads.queued.values()), 0, live)
-        view.__dict__["backlog"] = (loads.prefill_total, loads.decode_total)
-        return view
+        totals = (loads.prefill_total, loads.decode_total)
+        active, queued = tuple(loads.active.values()), tuple(loads.queued.values())
+        return self._view(active, queued, 0, live, totals)
 
     def _view(
-        self, active: tuple[Load, ...], queued: tuple[Load, ...], cached: int, live: bool
+        self,
+        active: tuple[Load, ...],
+        queued: tuple[Load, ...],
+        cached: int,
+        live: bool,
+        backlog: tuple[int, int] | None = None,
     ) -> WorkerView:
         rates = self.rates(live)
-        return WorkerView.of(
+        return WorkerView(
             id=self.id,
             prefill_rate=rates.prefill_tok_s,
             decode_rates=rates.decode_tok_s,
@@ -223,6 +228,7 @@ class WorkerState:
             decode_context_s=rates.context_s,
             prefill_by_chunk=rates.prefill_by_chunk,
             step_tokens=self.info.step_tokens,
+            backlog=backlog,
         )
 
     def fits(self, prompt_tokens: int, max_tokens: int) -> bool:

@@ -8,32 +8,8 @@ candidate (lower is better) so decisions can be logged and explained.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar, overload
-
-T = TypeVar("T")
-
-
-class cached_property(Generic[T]):  # noqa: N801 - functools' name, functools' use
-    """``functools.cached_property`` without its lock: Python 3.11's takes an RLock on
-    each first access (~3 us), three per fresh view, so most of a decision over 256
-    new views. Views are built and read on one thread."""
-
-    def __init__(self, fn: Callable[[Any], T]) -> None:
-        self.fn = fn
-        self.name = fn.__name__
-        self.__doc__ = fn.__doc__
-
-    @overload
-    def __get__(self, obj: None, owner: type | None = None) -> cached_property[T]: ...
-    @overload
-    def __get__(self, obj: object, owner: type | None = None) -> T: ...
-    def __get__(self, obj: object | None, owner: type | None = None) -> Any:
-        if obj is None:
-            return self
-        value = obj.__dict__[self.name] = self.fn(obj)  # found there from now on
-        return value
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -44,79 +20,110 @@ class Load:
     decode_remaining: int
 
 
-@dataclass(frozen=True)
+_FIELDS = ("id", "prefill_rate", "decode_rates", "max_active", "device", "cached_tokens",
+           "active", "queued", "decode_context", "decode_context_s", "prefill_by_chunk",
+           "step_tokens")  # fmt: skip
+
+
 class WorkerView:
-    id: str
-    prefill_rate: float  # tok/s, cold prefill
-    decode_rates: tuple[float, ...]  # aggregate decode tok/s at batch size 1, 2, ...
-    max_active: int = 4
-    device: str = ""
-    cached_tokens: int = 0  # tokens of the incoming prompt this worker already holds
-    active: tuple[Load, ...] = ()
-    queued: tuple[Load, ...] = ()
-    # From the worker's live step-time model (common/pricing.py); the defaults mean
-    # "not measured", and then step_s prices every context alike.
-    decode_context: float = 0.0  # context tokens per row at which decode_rates hold
-    decode_context_s: float = 0.0  # extra step seconds per context token per decoding row
-    prefill_by_chunk: tuple[tuple[int, float], ...] = ()  # (chunk bucket tokens, tok/s) measured
-    step_tokens: int = 256  # the worker's per-step token budget (Ready.step_tokens)
+    """One worker as a policy sees it: plain values, read-only by convention.
 
-    @classmethod
-    def of(cls, **fields: Any) -> WorkerView:
-        """The view with these fields, every one of them given (and any cached property
-        values to share, as ``with_cached`` gives), built without the frozen class's
-        ``__init__`` (4.4 against 0.7 us; the router builds one per worker whose state
-        moved, per decision)."""
-        view = object.__new__(cls)
-        view.__dict__.update(fields)
-        return view
+    A plain class with slots, not a frozen dataclass: the router builds one per worker
+    whose state moved, per decision, and a frozen dataclass's ``__init__`` costs
+    several times a plain one's (docs/results/router-overhead.md). ``backlog`` and
+    ``n_requests`` are computed as it is built (or ``backlog`` given: the router's
+    running totals); ``memo`` and the ``with_cached`` copies are shared by a view and
+    its copies, none of which depends on the prompt.
+    """
 
-    # Cached per view: the router reuses a view across decisions until the worker changes.
-    @cached_property
-    def memo(self) -> dict[str, Any]:
-        """Scratch space for policies, as long-lived as this view (so: until the worker
-        changes); ``with_cached`` copies share it. Only what follows from the view's
-        own fields may be kept here."""
-        return {}
+    # __weakref__: finish_time remembers the views it last priced, weakly.
+    __slots__ = (*_FIELDS, "backlog", "n_requests", "memo", "_copies", "_next_rate", "__weakref__")
+
+    def __init__(
+        self,
+        id: str,  # noqa: A002 - the worker id, as everywhere else
+        prefill_rate: float,  # tok/s, cold prefill
+        decode_rates: tuple[float, ...],  # aggregate decode tok/s at batch size 1, 2, ...
+        max_active: int = 4,
+        device: str = "",
+        cached_tokens: int = 0,  # tokens of the incoming prompt this worker already holds
+        active: tuple[Load, ...] = (),
+        queued: tuple[Load, ...] = (),
+        # From the worker's live step-time model (common/pricing.py); the defaults mean
+        # "not measured", and then step_s prices every context alike.
+        decode_context: float = 0.0,  # context tokens per row at which decode_rates hold
+        decode_context_s: float = 0.0,  # extra step seconds per context token per row
+        prefill_by_chunk: tuple[tuple[int, float], ...] = (),  # (chunk tokens, tok/s)
+        step_tokens: int = 256,  # the worker's per-step token budget (Ready.step_tokens)
+        backlog: tuple[int, int] | None = None,  # (prefill, decode) tokens; None: summed
+    ) -> None:
+        self.id, self.prefill_rate, self.decode_rates = id, prefill_rate, decode_rates
+        self.max_active, self.device, self.cached_tokens = max_active, device, cached_tokens
+        self.active, self.queued = active, queued
+        self.decode_context, self.decode_context_s = decode_context, decode_context_s
+        self.prefill_by_chunk, self.step_tokens = prefill_by_chunk, step_tokens
+        self.n_requests = len(active) + len(queued)
+        if backlog is None:
+            loads = active + queued
+            backlog = (sum(x.prefill_remaining for x in loads),
+                       sum(x.decode_remaining for x in loads))  # fmt: skip
+        # Prefill and decode tokens still to do on this worker.
+        self.backlog: tuple[int, int] = backlog
+        # Scratch space for policies, as long-lived as this view (so: until the worker
+        # changes); shared with its copies. Only what follows from the view's own
+        # fields may be kept here.
+        self.memo: dict[str, Any] = {}
+        self._copies: dict[int, WorkerView] = {}  # with_cached's, by cached tokens
+        self._next_rate = 0.0  # next_decode_rate, once read (0: not yet)
+
+    def fields(self) -> dict[str, Any]:
+        """The constructor's arguments that give this view (``backlog`` included)."""
+        return {**{name: getattr(self, name) for name in _FIELDS}, "backlog": self.backlog}
+
+    def replace(self, **changes: Any) -> WorkerView:
+        """A new view with ``changes`` (its own memo; a changed load sums its backlog)."""
+        given = self.fields()
+        if "active" in changes or "queued" in changes:
+            given["backlog"] = None
+        return WorkerView(**{**given, **changes})
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, WorkerView):
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in (*_FIELDS, "backlog"))
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, and not immutable
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{n}={getattr(self, n)!r}" for n in _FIELDS)
+        return f"WorkerView({shown})"
 
     def with_cached(self, cached_tokens: int) -> WorkerView:
-        """This view for a prompt of which the worker holds ``cached_tokens``: a shallow
-        copy (``dataclasses.replace`` re-runs ``__init__``: 10 us per view per decision;
-        ``copy.copy`` 5 us, this ~1), sharing every cached property, none of which
-        depends on the prompt."""
+        """This view for a prompt of which the worker holds ``cached_tokens``: a copy
+        sharing ``memo``, the copies and the sums (none depends on the prompt)."""
         if cached_tokens == self.cached_tokens:
             return self
         copies = self._copies
         view = copies.get(cached_tokens)
         if view is None:
-            _ = self.memo, self._copies  # made before the copy, so that the copy shares them
-            view = type(self).of(**{**self.__dict__, "cached_tokens": cached_tokens})
+            view = WorkerView(
+                self.id, self.prefill_rate, self.decode_rates, self.max_active, self.device,
+                cached_tokens, self.active, self.queued, self.decode_context,
+                self.decode_context_s, self.prefill_by_chunk, self.step_tokens, self.backlog,
+            )  # fmt: skip
+            view.memo, view._copies = self.memo, copies
             if len(copies) >= 8:
                 copies.clear()
             copies[cached_tokens] = view
         return view
 
-    @cached_property
-    def _copies(self) -> dict[int, WorkerView]:
-        """``with_cached``'s copies by cached tokens (made before any copy, so shared:
-        a burst with one prefix asks a worker for the same copy at each decision)."""
-        return {}
-
-    @cached_property
-    def n_requests(self) -> int:
-        return len(self.active) + len(self.queued)
-
-    @cached_property
-    def backlog(self) -> tuple[int, int]:
-        """Prefill and decode tokens still to do on this worker (summed here, unless
-        the view was built from the router's running totals, which fill it in)."""
-        loads = self.active + self.queued
-        return sum(x.prefill_remaining for x in loads), sum(x.decode_remaining for x in loads)
-
-    @cached_property
+    @property
     def next_decode_rate(self) -> float:
         """Aggregate decode tok/s with one more request than it has now."""
-        return self.decode_rate(min(self.max_active, self.n_requests + 1))
+        rate = self._next_rate
+        if not rate:
+            rate = self._next_rate = self.decode_rate(min(self.max_active, self.n_requests + 1))
+        return rate
 
     def decode_rate(self, batch: int) -> float:
         """Aggregate decode tok/s when ``batch`` requests decode together."""

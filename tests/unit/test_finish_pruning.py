@@ -9,7 +9,6 @@ chosen score. Memoized answers (a second decision over the same views) agree too
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from random import Random
 
@@ -35,7 +34,7 @@ def views(draw: st.DrawFn) -> list[WorkerView]:
     for i in range(draw(st.integers(1, 12))):
         if out and draw(st.booleans()):  # a twin of an earlier worker: equal scores tie
             twin = draw(st.sampled_from(out))
-            out.append(dataclasses.replace(twin, id=f"w{i}"))
+            out.append(twin.replace(id=f"w{i}"))
             continue
         n = draw(st.integers(1, 6))
         rates = tuple(draw(st.floats(5.0, 2000.0)) for _ in range(n))
@@ -71,7 +70,7 @@ def test_pruning_never_changes_a_choice(fleet: list[WorkerView], req: RouteReque
     pruning = FinishTime()
     for r in (req, again, req):  # the third is answered from the views' memos
         got = pruning.choose(r, fleet)
-        want = FinishTime(prune=False).choose(r, [dataclasses.replace(v) for v in fleet])
+        want = FinishTime(prune=False).choose(r, [v.replace() for v in fleet])
         assert got.worker_id == want.worker_id
         assert not want.pruned
         # Pruned: above the KEEP-th least exact score, so never among the best KEEP.
@@ -98,7 +97,7 @@ def test_lookahead_decides_alike_over_a_pruning_base(
     exhaustive = Lookahead()
     exhaustive.base = FinishTime(prune=False)
     got = Lookahead().choose(r, fleet)
-    assert got.worker_id == exhaustive.choose(r, [dataclasses.replace(v) for v in fleet]).worker_id
+    assert got.worker_id == exhaustive.choose(r, [v.replace() for v in fleet]).worker_id
 
 
 def _fleet() -> list[WorkerView]:
@@ -138,7 +137,7 @@ def test_the_decisions_table_marks_a_pruned_score_as_a_bound(tmp_path: Path) -> 
 
 def _with_memo_copied(v: WorkerView) -> WorkerView:
     """``v`` as another object with a copy of its finish_time memo (answers so far)."""
-    twin = dataclasses.replace(v)
+    twin = v.replace()
     memo = v.memo.get("finish_time")
     if memo is not None:
         mine = twin.memo["finish_time"] = _Memo(v)
@@ -159,7 +158,7 @@ def test_a_burst_reusing_the_last_answers_decides_as_asking_every_worker(
     for pos, how in [(0, 0), *changes]:
         i = pos % len(fleet)
         if how == 1:  # the worker changed: a new view (new memo), its loads moved
-            fleet[i] = dataclasses.replace(fleet[i], queued=(*fleet[i].queued, Load(3, 7)))
+            fleet[i] = fleet[i].replace(queued=(*fleet[i].queued, Load(3, 7)))
         elif how == 2:  # the prompt's prefix on it: a copy sharing its memo
             fleet[i] = fleet[i].with_cached(rng.choice([0, 16, 256]))
         r = req if how != 3 else RouteRequest(req.prompt_tokens + 1, req.max_tokens)

@@ -107,7 +107,7 @@ def test_memoized_drains_give_the_same_scores():
                       active=(Load(0, 50), Load(30, 80)), queued=(Load(200, 40),) * 3)  # fmt: skip
     policy = FinishTime()
     for cached in (0, 64, 512, 0):
-        view = WorkerView(**{**base.__dict__, "cached_tokens": cached})
+        view = base.replace(cached_tokens=cached)
         req = RouteRequest(516, 128)
         assert policy.choose(req, [view]).scores["gpu"] == predict_finish_s(req, view)
 
@@ -192,7 +192,7 @@ def test_a_request_is_priced_at_its_own_context_on_a_device_that_slows_with_it(p
                       decode_context_s=k, active=rows)  # fmt: skip
     new = RouteRequest(prompt, 40)
     predicted = predict_finish_s(new, view)
-    blind = predict_finish_s(new, WorkerView(**{**view.__dict__, "decode_context_s": 0.0}))
+    blind = predict_finish_s(new, view.replace(decode_context_s=0.0))
     start = w.now
     w.engine.submit(Request("new", [7] * prompt, SamplingParams(max_tokens=40, ignore_eos=True)))
     while not any(isinstance(m, p.Done) and m.request_id == "new" for m in w._out):
