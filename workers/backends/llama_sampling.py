@@ -33,6 +33,7 @@ A request that did not ask pays nothing.
 from __future__ import annotations
 
 import ctypes
+import json
 import random
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -42,6 +43,7 @@ import llama_cpp as L
 import numpy as np
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
+from tandem.workers.backends.schema_keywords import unenforced
 from tandem.workers.request import Request, TokenLogprobs
 
 # What this backend serves (docs/PROTOCOL.md, Ready.capabilities).
@@ -66,6 +68,9 @@ def request_problem(req: Request, vocab: Any) -> str | None:
     Checked when the request arrives, so that building its chain cannot fail."""
     if req.sampling.json_schema is None:
         return None
+    keyword = unenforced(json.loads(req.sampling.json_schema))  # valid JSON: the door checks
+    if keyword:
+        return f"json_schema: {keyword} is not enforced by llama.cpp's grammar; remove it"
     try:
         grammar = _grammar(req.sampling.json_schema, vocab)
     except ValueError as exc:
@@ -210,6 +215,8 @@ def _sample_constrained(c: Chain, ctx: Any, index: int, n_vocab: int) -> int:
     token = _pick(c.chain, raw)
     if not _allows(c.grammar, token):
         token = _pick(c.chain, raw, first=c.grammar)
+        if not _allows(c.grammar, token):  # llama.cpp would abort the process on it
+            raise RuntimeError("the json_schema grammar allows no token here")
     L.llama_sampler_accept(c.grammar, token)
     L.llama_sampler_accept(c.chain, token)
     return token
