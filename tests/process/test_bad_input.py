@@ -65,7 +65,9 @@ def test_malformed_frames_get_error_replies(cluster):
             {"v": V, "type": "submit", "request_id": "x", "prompt": "a", "bogus": 1}
         ): p.BAD_REQUEST,
         msgpack.packb({"v": V, "type": "submit", "prompt": "a"}): p.BAD_REQUEST,
-        p.encode(p.Heartbeat("w", 1, [], [], 0, 0, {})): p.BAD_REQUEST,  # wrong socket
+        p.encode(
+            p.Heartbeat("w", 1, [], [], 0, 0, p.CacheReport(True, 1))
+        ): p.BAD_REQUEST,  # wrong socket
     }
     for frame, code in cases.items():
         reply = _raw(addr, frame)
@@ -76,7 +78,9 @@ def test_malformed_frames_get_error_replies(cluster):
 
 def test_unknown_peers_on_the_worker_socket(cluster):
     # A heartbeat from a worker the router never met: told to register.
-    reply = _raw(cluster.worker_addr, p.encode(p.Heartbeat("ghost", 1, [], [], 0, 0, {})))
+    reply = _raw(
+        cluster.worker_addr, p.encode(p.Heartbeat("ghost", 1, [], [], 0, 0, p.CacheReport(True, 1)))
+    )
     assert isinstance(reply, p.Reregister)
     # Garbage on the worker socket: an error reply, nothing else.
     reply = _raw(cluster.worker_addr, b"\x00\x01garbage")
