@@ -12,8 +12,9 @@ The series every request moves (its outcome, route, tokens and latencies) are
 ``_Counter`` / ``_Histogram`` below: plain numbers that only the router thread
 writes, turned into metric families when the registry is collected. Through
 prometheus-client's children (a lock per value, a Python loop over the buckets
-per observation) they cost a lone request ~25 us of the router's loop (of ~300);
-here ~5. The per-worker gauges, set on heartbeats, stay prometheus-client's.
+per observation) they cost a lone request several times what these do
+(docs/results/router-overhead.md). The per-worker gauges, set on heartbeats, stay
+prometheus-client's.
 """
 
 from __future__ import annotations

@@ -151,7 +151,8 @@ class Router:
         Worker frames are read in full before anything is expired, client work is
         bounded per turn (broker/admission.py), so heartbeats are never starved.
         ``ready``: the sockets a poll found readable; the others are not read this
-        turn (an empty read costs ~20 us at low load). None: read every one.
+        turn (an empty read is not free: docs/results/router-overhead.md). None: read
+        every one.
         """
         core, now = self.core, time.monotonic()
         if (ready is None or self._monitor in ready) and drain_events(self._monitor):

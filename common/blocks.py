@@ -87,7 +87,7 @@ def _chain_seen(parent: bytes, data: bytes, block_size: int, out: list[int]) -> 
 class PrefixChain(Sequence[int]):
     """The block hashes of a prompt's first ``blocks`` blocks (``block_hashes``), hashed
     only as far as they are read: most workers hold none of a new prompt's first block,
-    so a decision usually hashes one block, not the whole prompt (~2.5 us a block)."""
+    so a decision usually hashes one block, not the whole prompt."""
 
     def __init__(self, tokens: Sequence[int], block_size: int, blocks: int) -> None:
         self._tokens = tokens

@@ -172,7 +172,8 @@ class RouterSocket:
 
     def waiting(self) -> bool:
         """Whether a message waits to be read (the socket's ZMQ_EVENTS): a read that
-        finds nothing raises zmq.Again, which costs ~4x this (~20 us on a cold cache)."""
+        finds nothing raises zmq.Again, which costs ~4x this
+        (docs/results/router-overhead.md)."""
         return bool(self.sock.get(_EVENTS) & _POLLIN)
 
     def parse(self, parts: list[bytes]) -> tuple[bytes, Message | ProtocolError]:
