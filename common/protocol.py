@@ -33,6 +33,7 @@ from tandem.common.validation import (
     Id,
     Label,
     Rate,
+    Ref,
     Seconds,
     Text,
     TokenId,
@@ -257,7 +258,6 @@ class CacheReport(Struct, frozen=True):
     tiers: CacheTiers | None = None
 
 
-
 _STEP_KEYS = {"decode_batch": "b", "decode_step_s": "s", "decode_samples": "n",
               "context": "ctx", "context_s": "k", "prefill_chunk": "p",
               "prefill_tok_s": "pr", "prefill_samples": "pn"}  # fmt: skip
@@ -385,7 +385,7 @@ class Accepted(Message, tag="accepted"):
 class TokenDelta(Message, tag="tokens"):
     """Worker -> router -> client: newly generated token ids and their text."""
 
-    request_id: Id
+    request_id: Ref
     token_ids: Tokens
     text: Text
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked
@@ -398,7 +398,7 @@ class StepTokens(Message, tag="step_tokens"):
     The router relays each to its client as that TokenDelta; clients never see this
     frame. ``logprobs`` is None when no request in the frame asked for them."""
 
-    request_ids: Annotated[list[Id], Meta(max_length=bounds.MAX_DELTAS_PER_FRAME)]
+    request_ids: Annotated[list[Ref], Meta(max_length=bounds.MAX_DELTAS_PER_FRAME)]
     token_ids: list[Tokens]
     texts: list[Text]
     logprobs: list[list[TokenLogprob] | None] | None = None

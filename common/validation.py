@@ -59,6 +59,10 @@ MAX_FLOAT = sys.float_info.max  # ``le=MAX_FLOAT`` refuses infinity; every bound
 Id = Annotated[
     str, Meta(min_length=1, max_length=MAX_ID_CHARS, pattern=r"^[^\x00-\x1f\x7f-\x9f]+\Z")
 ]
+# An id that names what its receiver already knows (a token frame's request): only
+# bounded, for the router drops an id it does not know, and a pattern per id cost the
+# 64-delta step frame 30 of its 50 us to decode (docs/results/router-overhead.md).
+Ref = Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
 Label = Annotated[
     str, Meta(max_length=MAX_ID_CHARS, pattern=r"^[^\x00-\x1f\x7f-\x9f]*\Z")
 ]  # "" = unset

@@ -341,7 +341,7 @@ def test_token_frames_out_of_bounds_are_still_named() -> None:
         (p.TokenDelta("r", [1, -1], "ab"), "token_ids[1]"),
         (p.TokenDelta("r", [MAX_TOKEN_ID + 1], ""), "token_ids[0]"),
         (p.TokenDelta("", [1], ""), "request_id"),
-        (p.TokenDelta("r\n", [1], ""), "request_id"),
+        (p.Done("r\n", p.FinishReason.EOS), "request_id"),  # a token frame's id: length only
     ):
         problem = p.check(bad)
         assert problem is not None and needle == problem.field, (bad, problem)
