@@ -5,10 +5,12 @@ The chain runs in llama.cpp's server order: logit_bias -> repetition penalty ->
 presence/frequency penalties -> greedy, or top_k -> top_p -> min_p -> temperature ->
 dist(seed). A grammar (json_schema) is kept beside the chain and used as llama.cpp's
 own common sampler does: the chain picks a token; if the grammar allows it, it is
-taken, else the grammar masks the candidates first and the chain picks again. That
-is the same distribution as masking first (sampling p, then p restricted to the
-allowed set, gives p(t)/p(allowed)); greedy takes the likeliest allowed token; and
-it spares checking all 49k pieces against the grammar at most steps.
+taken, else the grammar masks the candidates first and the chain picks again.
+Greedy takes the likeliest allowed token either way; a draw from p, redrawn from p
+restricted to the allowed set when refused, is p(t)/p(allowed), as masking first
+(exactly so without top-k/top-p/min-p, whose first cut is of the unmasked set); and
+it spares checking all 49k pieces against the grammar at most steps (docs/results/
+sampling.md: 1.5 ms against 13 ms a token at the median).
 
 Penalties follow OpenAI (and vLLM) where llama.cpp's server differs. llama.cpp counts
 the last 64 tokens of prompt and output together for all three; here
