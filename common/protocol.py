@@ -198,9 +198,20 @@ class SamplingParams(Struct, frozen=True):
         """Output tokens this request may produce (0 when it only fills the cache)."""
         return 0 if self.prefill_only else self.max_tokens
 
+    def over_limit(self, max_tokens_limit: int) -> Problem | None:
+        """A worker's own check: an output budget outside 1..its ``max_tokens_limit``
+        (0 with ``prefill_only``), or None. The rest (the schema's JSON included) was
+        checked once, at the router's door."""
+        low = 0 if self.prefill_only else 1
+        if not low <= self.max_tokens <= max_tokens_limit:
+            words = f"max_tokens must be in {low}..{max_tokens_limit}"
+            return Problem.bad_request(words, "sampling.max_tokens")
+        return None
+
     def problem(self, max_tokens_limit: int | None = None) -> Problem | None:
-        """What breaks a rule across fields (or a worker's ``max_tokens_limit``), or
-        None. The ranges of single fields are their types' (checked on decoding)."""
+        """What breaks a rule across fields (or a ``max_tokens_limit``), or None: the
+        router's door. The ranges of single fields are their types' (checked on
+        decoding)."""
         if not self.prefill_only and self.max_tokens < 1:
             return Problem.bad_request("max_tokens must be >= 1", "sampling.max_tokens")
         if max_tokens_limit is not None and self.max_tokens > max_tokens_limit:

@@ -328,7 +328,7 @@ class Engine:
             return p.Problem.bad_request("empty prompt")
         if any(t < 0 or t >= self.backend.vocab_size for t in req.prompt):
             return p.Problem.bad_request("token id out of the model's vocabulary")
-        problem = req.sampling.problem(self.cfg.max_tokens_limit)
+        problem = req.sampling.over_limit(self.cfg.max_tokens_limit)  # the rest: the door
         problem = problem or sampling_problem(req, self.backend)
         if problem:
             return problem

@@ -374,3 +374,12 @@ def test_every_float_field_refuses_what_is_not_a_finite_number(msg, path, bad):
     target[name] = [bad] if isinstance(target.get(name), list) else bad  # absent: a default
     with pytest.raises(p.ProtocolError):
         p.decode(msgpack.packb(body))
+
+
+def test_a_worker_checks_only_its_own_limit_on_the_output_budget():
+    """The door's rules (the schema's JSON among them) are not the worker's to redo."""
+    schema = p.SamplingParams(max_tokens=4, json_schema="not json")
+    assert schema.problem() is not None and schema.over_limit(8) is None
+    assert p.SamplingParams(max_tokens=9).over_limit(8).field == "sampling.max_tokens"
+    assert p.SamplingParams(max_tokens=0).over_limit(8) is not None
+    assert p.SamplingParams(max_tokens=0, prefill_only=True).over_limit(8) is None
