@@ -130,7 +130,7 @@ class Membership(CoreState):
             return
         if self.tokenizer is None:
             self.tokenizer = TextTokenizer(TokenizerSpec.from_wire(ready.tokenizer))
-            _ = self.tokenizer.max_piece_chars  # now, with the tokenizer's own cost, once
+            _ = self.tokenizer.max_piece_chars  # its bound now, with the tokenizer's own cost
             self.tokenizer_hash = ready.tokenizer_hash or p.tokenizer_hash(ready.tokenizer)
         elif ready.tokenizer_hash and ready.tokenizer_hash != self.tokenizer_hash:
             log.warning("worker %s names another tokenizer than the router's (same model %s)",

@@ -20,8 +20,7 @@ class PromptTokenizer(Protocol):
 
     vocab_size: int
 
-    @property
-    def max_piece_chars(self) -> int | None: ...  # None: no bound (see TextTokenizer's)
+    def fewest_tokens(self, text: str) -> int: ...  # a lower bound; 0: none (TextTokenizer's)
 
     def encode(self, text: str, *, release_gil: bool = False) -> list[int]: ...
 

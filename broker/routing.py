@@ -69,23 +69,27 @@ class Routing(CoreState):
 
     def _beyond_every_context(self, req: ClientRequest) -> bool:
         """Fail ``req`` now when its text alone is more tokens than any worker's context
-        holds: each token stands for at most ``max_piece_chars`` characters, so the
-        prompt's length bounds its token count from below, and a 1 Mi-character prompt
-        against 8 Ki-token contexts is refused without the ~0.9 s of tokenizing it nor
-        the ~10 ms its 270k ids take to become a list under the GIL (the longest the
-        loop stood still in docs/results/reliability.md's flood)."""
-        per_token = self.tokenizer.max_piece_chars if self.tokenizer is not None else None
-        if per_token is None:
+        holds. The tokenizer bounds a text's token count from below without tokenizing
+        it (each token stands for at most its vocabulary entry's length in characters,
+        common/tokenizer.py ``fewest_tokens``), so a 1 Mi-character prompt against 8
+        Ki-token contexts is refused without the ~0.9 s of tokenizing it nor the ~10 ms
+        its 270k ids take to become a list under the GIL (the longest the loop stood
+        still in docs/results/reliability.md's flood)."""
+        if self.tokenizer is None:
             return False
-        least = prompt_chars(req.submit) // per_token
-        if any(w.fits(least, req.budget_left) for w in self.workers.values()):
+        sub = req.submit
+        texts = [sub.prompt or ""] if sub.messages is None else [
+            str(m.get("content", "")) for m in sub.messages
+        ]  # fmt: skip
+        least = sum(map(self.tokenizer.fewest_tokens, texts))
+        if not least or any(w.fits(least, req.budget_left) for w in self.workers.values()):
             return False
         limit = max(w.info.n_ctx for w in self.workers.values())
         self._fail(
             req,
             p.PROMPT_TOO_LONG,
-            f"the prompt ({prompt_chars(req.submit)} characters, so at least {least} "
-            f"tokens) + max_tokens ({req.budget_left}) exceeds every worker's context "
+            f"the prompt ({prompt_chars(sub)} characters, so at least {least} tokens) "
+            f"+ max_tokens ({req.budget_left}) exceeds every worker's context "
             f"(largest {limit}) or max_tokens limit",
         )
         return True

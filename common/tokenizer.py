@@ -250,15 +250,19 @@ class TextTokenizer:
         return ids
 
     @functools.cached_property
-    def max_piece_chars(self) -> int | None:
-        """The most characters of text one token can stand for, so that a text of
-        ``c`` characters encodes to at least ``c / max_piece_chars`` tokens: what lets
-        the router refuse a prompt no worker's context could hold without tokenizing
-        it. A vocabulary entry's length bounds what it matches (byte-level entries
-        spell one character per byte, and a character is at least a byte). None where
-        the tokenizer's normalizer may shorten the text (NFC composes characters) or
-        an unknown stretch of text may become one token (a word-level model's or a
-        BPE's unknown token without byte fallback): then no such bound holds."""
+    def _bound(self) -> tuple[int, str] | None:
+        """(the most characters one token can stand for, the characters that encode to
+        no token at all), or None where no lower bound on a text's token count holds.
+
+        A vocabulary entry's length bounds what it matches (byte-level entries spell one
+        character per byte, and a character is at least a byte), once the characters
+        the tokenizer drops are left out: a byte-level vocabulary may lack a few bytes
+        (SmolLM2's lacks six ASCII control characters, which then vanish). None where
+        the normalizer may shorten the text (NFC composes characters), where an unknown
+        stretch of text may become one token (a word-level model's, or a BPE's unknown
+        token without byte fallback), or where a byte-level vocabulary lacks a
+        continuation byte (every multi-byte character keeps its continuation bytes
+        otherwise, so only single-byte characters can vanish whole)."""
         model, normalizer = self._tok.model, self._tok.normalizer
         if not isinstance(model, models.BPE):
             return None
@@ -266,9 +270,33 @@ class TextTokenizer:
             return None  # (the normalizer's own JSON: small, unlike the spec's)
         vocab = self._tok.get_vocab(with_added_tokens=True)
         every_byte = model.byte_fallback and all(f"<0x{b:02X}>" in vocab for b in range(256))
-        if model.unk_token is not None and not every_byte:
+        if every_byte:
+            dropped = ""
+        elif model.unk_token is not None:
             return None
-        return max(map(len, vocab), default=1) or 1
+        else:
+            pre = self._tok.pre_tokenizer
+            if pre is None or b'"ByteLevel"' not in pre.__getstate__():
+                return None  # characters outside the vocabulary vanish: no bound
+            missing = [b for b, c in enumerate(_BYTE_CHARS) if c not in vocab]
+            if any(0x80 <= b <= 0xBF for b in missing):
+                return None  # a multi-byte character could vanish whole
+            dropped = "".join(chr(b) for b in missing if b < 0x80)
+        return max(map(len, vocab), default=1) or 1, dropped
+
+    @property
+    def max_piece_chars(self) -> int | None:
+        """The most characters of text one token can stand for (None: no bound)."""
+        return None if self._bound is None else self._bound[0]
+
+    def fewest_tokens(self, text: str) -> int:
+        """A lower bound on ``len(self.encode(text))`` that costs no tokenizing (a few
+        C passes over the text): what lets the router refuse a prompt no worker's
+        context could hold. 0 where no bound holds."""
+        if self._bound is None:
+            return 0
+        per_token, dropped = self._bound
+        return (len(text) - sum(text.count(c) for c in dropped)) // per_token
 
     def decode(self, ids: list[int], *, skip_special: bool = False) -> str:
         """Text of `ids`; an incomplete UTF-8 sequence at the end decodes as U+FFFD."""
@@ -298,6 +326,17 @@ class TextTokenizer:
 
     def _token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else (self._tok.id_to_token(token_id) or "")
+
+
+def _gpt2_byte_chars() -> list[str]:
+    """The character byte-level BPE vocabularies spell each byte with (GPT-2's map:
+    printable Latin-1 bytes as themselves, the rest as U+0100 onwards, in order)."""
+    keep = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    spare = iter(range(0x100, 0x200))
+    return [chr(b) if b in keep else chr(next(spare)) for b in range(256)]
+
+
+_BYTE_CHARS = _gpt2_byte_chars()
 
 
 def _never_shortens(normalizer: dict[str, Any] | None) -> bool:

@@ -36,7 +36,9 @@ class IdsOnly:
     """The core's tokenizer for a driver that submits token ids only."""
 
     vocab_size = 1 << 31
-    max_piece_chars: int | None = None
+
+    def fewest_tokens(self, text: str) -> int:
+        return 0
 
     def encode(self, text: str, *, release_gil: bool = False) -> list[int]:
         raise ValueError("the twin submits token ids, never text")

@@ -128,11 +128,10 @@ def test_the_serving_loop_wakes_for_a_finished_prompt(tmp_path):
 
 
 def test_a_prompt_longer_than_every_context_is_refused_untokenized(gated):
-    """Each token stands for at most ``max_piece_chars`` characters: a prompt whose
-    characters alone are more tokens than any worker's context (8192 here) fails at
-    once, and no thread spends time tokenizing it."""
+    """A prompt whose characters alone are more tokens than any worker's context
+    (8192 here) fails at once, and no thread spends time tokenizing it."""
     h, gate = gated
-    gate.max_piece_chars = 4  # as if the longest vocabulary entry were 4 characters
+    gate.fewest_tokens = lambda text: len(text) // 4  # as if no entry were over 4 chars
     h.client.send(p.Submit("huge", prompt="x" * (4 * 8190), sampling=p.SamplingParams(4)))
     h.client.send(p.Submit("fits", prompt="x" * (4 * 8187), sampling=p.SamplingParams(4)))
     h.pump()
