@@ -28,7 +28,7 @@ PERSON = {
     "type": "object",
     "properties": {
         "name": {"type": "string", "maxLength": 20},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "age": {"type": "integer"},  # (no "minimum": a llama.cpp worker refuses it)
     },
     "required": ["name", "age"],
     "additionalProperties": False,
@@ -84,6 +84,20 @@ def test_a_schema_constrains_the_output(llama: str) -> None:
     person = json.loads(r.choices[0].message.content)
     jsonschema.validate(person, PERSON)  # raises if the output strays from the schema
     assert r.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.model
+def test_a_schema_keyword_the_grammar_cannot_enforce_is_a_400_naming_it(llama: str) -> None:
+    client = sdk(llama)
+    bounded = {**PERSON, "properties": {**PERSON["properties"], "age": {"minimum": 0}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": bounded}}
+    with pytest.raises(openai.BadRequestError, match="'minimum' at /properties/age"):
+        client.chat.completions.create(
+            model=client.models.list().data[0].id,
+            messages=ASK,
+            max_tokens=8,
+            response_format=fmt,
+        )
 
 
 @pytest.mark.model

@@ -117,7 +117,7 @@ def test_sim_sleeps_by_profile_and_cache_hits_shorten_prefill(tmp_path: Path, mo
     out = run_engine(engine, Request("r", prefix + list(range(16)), SamplingParams(max_tokens=5)))
     assert sim.busy_s == pytest.approx(16 / 5000 + 4 * 0.001)
     done = [m for m in out if isinstance(m, p.Done)]
-    assert done[0].stats["cached_tokens"] == 512 and done[0].stats["output_tokens"] == 5
+    assert done[0].stats.cached_tokens == 512 and done[0].stats.output_tokens == 5
 
 
 def test_sim_tokens_are_deterministic_and_never_end_generation(tmp_path: Path, model: Path) -> None:
