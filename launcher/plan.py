@@ -48,6 +48,7 @@ class Plan:
     url: str  # the gateway's base URL
     api_key: str | None
     gateway_bind: str = ""  # host:port the gateway listens on
+    model_name: str = ""  # the served model's display name (an id /v1/models lists)
 
     def describe(self) -> str:
         """The plan as text: one line per process, secrets masked."""
@@ -150,16 +151,22 @@ def make_plan(
     remote = tuple(str(w.get("worker_id")) for w in cfg.workers if not _local(w))
     url_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     url = f"http://{url_host}:{port}"
-    return Plan(tuple(procs), remote, client, worker_addr, url, api_key, f"{host}:{port}")
+    name = model_display_name(_served(cfg))
+    return Plan(tuple(procs), remote, client, worker_addr, url, api_key, f"{host}:{port}", name)
+
+
+def _served(cfg: ServeConfig) -> str | None:
+    """The model the plan serves, as named (None: the embedded default)."""
+    return cfg.model or next(
+        (w["model"] for w in cfg.workers if _local(w) and w.get("model")), None
+    )
 
 
 def _aliases(cfg: ServeConfig, given: str | list[str]) -> list[str]:
     """The gateway's model names: those given, the model's display name (so /v1/models
     lists it while workers start, and clients may ask for it by it) and the hub name
     it was served by."""
-    model = cfg.model or next(
-        (w["model"] for w in cfg.workers if _local(w) and w.get("model")), None
-    )
+    model = _served(cfg)
     names = [given] if isinstance(given, str) else list(given)
     names.append(model_display_name(model))
     if model and HubName.parse(model):  # clients may ask for it by its hub name

@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
+from tandem.common.model_files import model_display_name
 from tandem.launcher.plan import Plan
 
 MARKS = {"up": ("✓", "green"), "down": ("✗", "red"), "note": ("•", "yellow"), "info": ("·", "")}
@@ -85,8 +86,9 @@ class Screen:
         self.bars.stop()
         out = self.console
         out.print(f"ready: {plan.url}/v1", style="bold green", markup=False)
+        shown = plan.model_name or model_display_name(model)  # an id /v1/models lists
         rows = [
-            ("model", model),
+            ("model", model if shown == model else f"{shown} ({model})"),
             ("workers", ", ".join(workers)),
             ("OpenAI API", f"{plan.url}/v1"),
             ("router", f"{plan.client_addr} (tandem generate / status / top)"),
@@ -105,7 +107,7 @@ class Screen:
         for key, value in rows:
             out.print(f"  {key:<11} {value}", markup=False)
         out.print("  try:", markup=False)
-        out.print("    " + curl(plan, model), markup=False)
+        out.print("    " + curl(plan, shown), markup=False)
         out.print("Ctrl-C stops every process.", style="dim", markup=False)
         self.bars.start()
 

@@ -110,7 +110,7 @@ def test_serve_answers_restarts_a_killed_worker_and_stops_clean(tmp_path, monkey
         url = ready.split("ready:")[1].strip()
         assert url == f"http://127.0.0.1:{s.port}/v1"
         curl = s.expect("curl ")
-        assert "Authorization: Bearer sk-test" in curl and "smol-Q4_1.gguf" in curl
+        assert "Authorization: Bearer sk-test" in curl and '"model": "org/Smol-GGUF"' in curl
         client = openai.OpenAI(base_url=url, api_key="sk-test", max_retries=0, timeout=120)
         assert client.models.list().data[0].id == "org/Smol-GGUF"  # the same once ready
         reply = client.chat.completions.create(
