@@ -9,6 +9,7 @@ leave with its first output (``accept_hold_ms``).
 
 from __future__ import annotations
 
+import json
 import math
 
 from tandem.broker.capabilities import capable_ids, excluded, unservable
@@ -19,6 +20,7 @@ from tandem.broker.registry import Routed, WorkerState
 from tandem.broker.requests import ClientRequest, prompt_tokens
 from tandem.broker.tokenize import prompt_chars
 from tandem.common import protocol as p
+from tandem.common.schema_keywords import unenforced
 
 # Relative: mypy checks broker/ as files, and sees the core's base classes (so the
 # attributes they declare) only through an import it can follow.
@@ -64,7 +66,11 @@ class Routing(CoreState):
         needs = req.submit.sampling.needs()
         if not needs or capable_ids(self.workers.values(), needs):
             return False
-        self._fail(req, p.BAD_REQUEST, unservable(self.workers.values(), needs))
+        why = unservable(self.workers.values(), needs)
+        if p.Capability.JSON_SCHEMA_FULL in needs and req.submit.sampling.json_schema:
+            keyword = unenforced(json.loads(req.submit.sampling.json_schema))
+            why += f"; json_schema_full because the schema uses {keyword}"
+        self._fail(req, p.BAD_REQUEST, why)
         return True
 
     def _beyond_every_context(self, req: ClientRequest) -> bool:

@@ -71,13 +71,14 @@ def starting_table(rows: list[dict[str, Any]]) -> str:
 
 PROVISIONAL = "provisional: priced on start-up rates its served steps have not yet borne out"
 # What a worker serves beyond plain sampling (Ready.capabilities), one letter each in
-# a fixed place, so the column stays short: "PBML-" serves all but json_schema.
+# a fixed place, so the column stays short: "PBMLJ-" serves all but json_schema_full.
 CAPABILITY_LETTERS = {
     p.Capability.PENALTIES: "P",
     p.Capability.LOGIT_BIAS: "B",
     p.Capability.MIN_P: "M",
     p.Capability.LOGPROBS: "L",
     p.Capability.JSON_SCHEMA: "J",
+    p.Capability.JSON_SCHEMA_FULL: "F",
 }
 CAPABILITIES_LEGEND = "caps: " + ", ".join(f"{x} {c}" for c, x in CAPABILITY_LETTERS.items())
 

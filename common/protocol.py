@@ -28,6 +28,7 @@ from tandem.common import validation as bounds
 from tandem.common.codec import DECODE_ERRORS, Wire
 from tandem.common.errors import ErrorCode, Problem
 from tandem.common.framescan import MAX_FRAME_DEPTH, scan
+from tandem.common.schema_keywords import beyond_core
 from tandem.common.validation import (
     Count,
     Id,
@@ -135,6 +136,9 @@ class Capability(StrEnum):
     MIN_P = "min_p"
     LOGPROBS = "logprobs"
     JSON_SCHEMA = "json_schema"  # output constrained to a JSON Schema
+    # ... also by the keywords beyond the core (numeric bounds, multipleOf, property
+    # counts, patternProperties, formats: common/schema_keywords.py)
+    JSON_SCHEMA_FULL = "json_schema_full"
 
 
 # ---------------------------------------------------------------- domain types
@@ -191,6 +195,8 @@ class SamplingParams(Struct, frozen=True):
             needs.append(Capability.LOGPROBS)
         if self.json_schema is not None:
             needs.append(Capability.JSON_SCHEMA)
+            if beyond_core(self.json_schema):
+                needs.append(Capability.JSON_SCHEMA_FULL)
         return frozenset(needs)
 
     @property

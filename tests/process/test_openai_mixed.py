@@ -67,6 +67,26 @@ def test_each_request_goes_to_a_worker_that_can_serve_it(qwen2: tuple[Path, Path
                 top_logprobs=2, presence_penalty=1.0, extra_body={"worker": w, "ignore_eos": True},
             )  # fmt: skip
             assert worker_of(r) == w and len(r.choices[0].logprobs.content) == 4
+        # A bound llama.cpp's grammar leaves out needs json_schema_full: MLX's, or a 400.
+        bounded = {
+            **SCHEMA,
+            "properties": {
+                **SCHEMA["properties"],
+                "k": {"type": "integer", "minimum": 0, "maximum": 9},
+            },
+        }
+        bfmt = {"type": "json_schema", "json_schema": {"name": "b", "schema": bounded}}
+        if mlx_grammar:
+            r = client.chat.completions.create(
+                model=model, messages=ASK, max_tokens=64, response_format=bfmt
+            )
+            assert worker_of(r) == "mlx0"
+            jsonschema.validate(json.loads(r.choices[0].message.content), bounded)
+        else:
+            with pytest.raises(openai.BadRequestError, match="json_schema_full"):
+                client.chat.completions.create(
+                    model=model, messages=ASK, max_tokens=64, response_format=bfmt
+                )
         pinned = {"model": model, "messages": ASK, "max_tokens": 64, "response_format": fmt}
         if mlx_grammar:  # MLX constrains the output too
             r = client.chat.completions.create(**pinned, extra_body={"worker": "mlx0"})

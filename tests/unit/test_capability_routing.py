@@ -102,13 +102,13 @@ def test_status_and_top_show_capabilities_in_a_short_column(h: Harness):
     h.add_worker("full", SLOW, capabilities=ALL)
     reply = h.core.status(0.0)
     cells = {w["id"]: tables.capabilities_cell(w) for w in reply.workers}
-    assert cells == {"plain": "-----", "part": "P--L-", "full": "PBMLJ"}
+    assert cells == {"plain": "------", "part": "P--L--", "full": "PBMLJF"}
     text = tables.workers_table(reply)
-    assert "caps" in text and "P--L-" in text and "J json_schema" in text
+    assert "caps" in text and "P--L--" in text and "J json_schema" in text
     console = Console(width=240, record=True)
     console.print(top.workers_table(reply.workers))
     shown = console.export_text()
-    assert "PBMLJ" in shown and "-----" in shown and "L logprobs" in shown
+    assert "PBMLJF" in shown and "------" in shown and "L logprobs" in shown
 
 
 def test_route_explain_and_the_decisions_table_say_who_was_excluded(h: Harness, tmp_path: Path):
@@ -160,3 +160,22 @@ def test_logprobs_are_relayed_unchanged_streamed_or_not(h: Harness):
             msgs.append(h.recv(h.client))
         got[rid] = [x for m in msgs if isinstance(m, p.TokenDelta) for x in m.logprobs or []]
     assert got == {"s": [a, b], "n": [a, b]}
+
+
+def test_a_schema_with_keywords_beyond_the_core_goes_where_they_are_enforced(h: Harness):
+    """llama.cpp's grammar leaves numeric bounds out (a llama.cpp worker refuses such a
+    schema); MLX's llguidance enforces them: json_schema_full sends the request there,
+    even when the other worker is the cost model's choice."""
+    h.add_worker("llama", FAST, capabilities=["json_schema"])
+    h.add_worker("mlx", SLOW, capabilities=["json_schema", "json_schema_full"])
+    core = json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}})
+    bounded = json.dumps({"type": "object", "properties": {"n": {"minimum": 0}}})
+    assert p.SamplingParams(json_schema=core).needs() == {"json_schema"}
+    assert p.SamplingParams(json_schema=bounded).needs() == {"json_schema", "json_schema_full"}
+    first = send(h, "core", json_schema=core)
+    second = send(h, "bounded", json_schema=bounded)
+    assert isinstance(first, p.Accepted) and first.worker_id == "llama"
+    assert isinstance(second, p.Accepted) and second.worker_id == "mlx"
+    assert {d["request"]: d for d in h.decisions()}["bounded"]["excluded"] == {
+        "llama": "lacks json_schema_full"
+    }

@@ -155,8 +155,9 @@ def test_sampling_names_the_capabilities_it_needs():
     assert p.SamplingParams(min_p=0.1).needs() == {C.MIN_P}
     assert p.SamplingParams(logprobs=0).needs() == {C.LOGPROBS}
     every = p.SamplingParams(presence_penalty=1, logit_bias={1: 1}, min_p=0.1, logprobs=1,
-                             json_schema="true")  # fmt: skip
+                             json_schema='{"maximum": 3}')  # fmt: skip
     assert every.needs() == set(C) and {"json_schema", "logprobs"} <= every.needs()
+    assert p.SamplingParams(json_schema="true").needs() == {C.JSON_SCHEMA}
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """A JSON schema llama.cpp's grammar would only half honour is refused, naming the
-keyword (workers/backends/schema_keywords.py), and the list of such keywords matches
+keyword (common/schema_keywords.py), and the list of such keywords matches
 what llama-cpp-python's converter really leaves out."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import pytest
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-from tandem.workers.backends.schema_keywords import UNENFORCED, unenforced
+from tandem.common.schema_keywords import UNENFORCED, unenforced
 
 BASE = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string"}},
         "required": ["n", "s"]}  # fmt: skip

@@ -45,7 +45,7 @@ import llama_cpp as L
 import numpy as np
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-from tandem.workers.backends.schema_keywords import unenforced
+from tandem.common.schema_keywords import unenforced
 from tandem.workers.request import Request, TokenLogprobs
 
 # What this backend serves (docs/PROTOCOL.md, Ready.capabilities).

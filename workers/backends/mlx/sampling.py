@@ -18,7 +18,7 @@ from tandem.workers.backends.mlx.logits import History, Processing, RowLogprobs,
 # What this backend serves (docs/PROTOCOL.md, Ready.capabilities): json_schema only
 # with llguidance installed (grammar.py); without it the router sends those to llama.cpp.
 CAPABILITIES: tuple[str, ...] = ("penalties", "logit_bias", "min_p", "logprobs") + (
-    ("json_schema",) if grammar.AVAILABLE else ()
+    ("json_schema", "json_schema_full") if grammar.AVAILABLE else ()
 )
 
 

@@ -1,14 +1,18 @@
-"""The JSON Schema keywords llama.cpp's grammar cannot enforce, found before a request
-is accepted, so that a schema is never half honoured in silence.
+"""The JSON Schema keywords beyond the core every grammar engine here enforces, so
+that a schema is never half honoured in silence.
 
 llama-cpp-python's JSON-schema converter builds no rule for these: the grammar is the
 same with and without them (checked against 0.3.36), so an output could break them.
-A schema that uses one is refused with the keyword and where it is, as OpenAI's
-strict structured outputs refuse what they do not support (docs/OPENAI.md).
+A llama.cpp worker refuses a schema that uses one, with the keyword and where it is,
+as OpenAI's strict structured outputs refuse what they do not support; a request
+using one needs the ``json_schema_full`` capability (MLX's llguidance enforces the
+bounds, counts, patternProperties and formats, and itself refuses ``not`` and
+``uniqueItems``), so the router sends it where it can be served (docs/OPENAI.md).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -63,3 +67,12 @@ def unenforced(schema: Any, where: str = "") -> str | None:
         if found:
             return found
     return None
+
+
+def beyond_core(schema_text: str) -> bool:
+    """Whether a schema (its JSON text) uses a keyword beyond the core; False for text
+    that is not JSON (the router's door refuses that on its own)."""
+    try:
+        return unenforced(json.loads(schema_text)) is not None
+    except ValueError:
+        return False
