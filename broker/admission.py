@@ -69,7 +69,7 @@ class Admission:
         cfg = self.cfg
         if sub.tokens is not None and len(sub.tokens) > cfg.max_prompt_tokens:
             return _too_long(f"{len(sub.tokens)} token ids; at most {cfg.max_prompt_tokens}")
-        chars = _chars(sub)
+        chars = prompt_chars(sub)
         if chars > cfg.max_prompt_chars:
             return _too_long(f"{chars} characters; at most {cfg.max_prompt_chars}")
         return None
@@ -110,11 +110,19 @@ class Admission:
 
 def prompt_units(sub: p.Submit) -> int:
     """What a waiting request's prompt weighs: its ids, or a quarter of its characters."""
-    return len(sub.tokens) if sub.tokens is not None else _chars(sub) // 4 + 1
+    return len(sub.tokens) if sub.tokens is not None else prompt_chars(sub) // 4 + 1
 
 
-def _chars(sub: p.Submit) -> int:
-    return len(sub.prompt or "") + sum(len(str(m.get("content", ""))) for m in sub.messages or [])
+def prompt_texts(sub: p.Submit) -> list[str]:
+    """The text ``sub`` gives to tokenize: its prompt and its chat messages' contents
+    (a Submit sets one of them, or token ids and neither)."""
+    head = [sub.prompt] if sub.prompt is not None else []
+    return head + [str(m.get("content", "")) for m in sub.messages or ()]
+
+
+def prompt_chars(sub: p.Submit) -> int:
+    """How much text ``sub`` gives to tokenize."""
+    return sum(map(len, prompt_texts(sub)))
 
 
 def _too_long(what: str) -> p.Problem:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -64,6 +65,13 @@ class ClientRequest:
     migrated_tokens: int = 0  # output already produced when it last changed worker
     # ArrivalLog.record at its arrival: the clock times of the arrivals before it.
     earlier_arrivals: tuple[float, ...] = ()
+
+    @functools.cached_property
+    def needs(self) -> frozenset[str]:
+        """The capabilities its sampling needs (``SamplingParams.needs``), read once: a
+        json_schema's keywords come from parsing its JSON, and a request that waits for
+        room is routed again on every pass."""
+        return self.submit.sampling.needs()
 
     def can_reroute(self) -> bool:
         """True until it has outlived MAX_REROUTES workers: a stream that already sent

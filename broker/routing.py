@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import math
 
+from tandem.broker.admission import prompt_chars, prompt_texts
 from tandem.broker.capabilities import capable_ids, excluded, unservable
 from tandem.broker.decisions import decision_record
 from tandem.broker.ledger import PromptBlocks
 from tandem.broker.policies import Decision, Forced, NoCandidate, RouteRequest, parse_policy
 from tandem.broker.registry import Routed, WorkerState
 from tandem.broker.requests import ClientRequest, prompt_tokens
-from tandem.broker.tokenize import prompt_chars
 from tandem.common import protocol as p
 from tandem.common.schema_keywords import unenforced
 
@@ -63,7 +63,7 @@ class Routing(CoreState):
     def _unservable(self, req: ClientRequest) -> bool:
         """Fail ``req`` now when no registered worker has the capabilities it needs
         (broker/capabilities.py says why at once rather than after a wait)."""
-        needs = req.submit.sampling.needs()
+        needs = req.needs
         if not needs or capable_ids(self.workers.values(), needs):
             return False
         why = unservable(self.workers.values(), needs)
@@ -84,10 +84,7 @@ class Routing(CoreState):
         if self.tokenizer is None:
             return False
         sub = req.submit
-        texts = [sub.prompt or ""] if sub.messages is None else [
-            str(m.get("content", "")) for m in sub.messages
-        ]  # fmt: skip
-        least = sum(map(self.tokenizer.fewest_tokens, texts))
+        least = sum(map(self.tokenizer.fewest_tokens, prompt_texts(sub)))
         if not least or any(w.fits(least, req.budget_left) for w in self.workers.values()):
             return False
         limit = max(w.info.n_ctx for w in self.workers.values())
@@ -133,7 +130,7 @@ class Routing(CoreState):
         blocks = PromptBlocks(tokens)  # hashed once per block size, not once per worker
         policy = parse_policy(f"forced:{sub.worker}") if sub.worker else self.policy
         # Routing's hard constraint: only the workers with the capabilities it needs.
-        needs = sub.sampling.needs()
+        needs = req.needs
         capable = capable_ids(self.workers.values(), needs) if needs else None
         # Nothing to choose (one worker has room and it fits): nothing to score, and
         # no view of it to build (unless decisions are logged: a record shows views).
@@ -225,7 +222,7 @@ class Routing(CoreState):
         chosen = [w for w in self.workers.values() if pinned in (w.id, w.info.device)]
         if not chosen or any(w.id in capable for w in chosen):
             return False
-        why = unservable(chosen, req.submit.sampling.needs(), whom="worker")
+        why = unservable(chosen, req.needs, whom="worker")
         self._fail(req, p.BAD_REQUEST, f"the request is pinned to {pinned!r}: {why}")
         return True
 

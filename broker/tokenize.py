@@ -24,9 +24,8 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from tandem.broker.admission import prompt_units
+from tandem.broker.admission import prompt_chars, prompt_units
 from tandem.broker.requests import ClientRequest, PromptTokenizer, prompt_tokens
-from tandem.common import protocol as p
 
 # Measured on the 2-core dev VM (SmolLM2's tokenizer, English text): 1 Ki characters
 # take ~0.4 ms inline and as long through the pool (hand-off included); 4 Ki 2.0 ms
@@ -37,15 +36,6 @@ OFF_LOOP_CHARS = 1024
 THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
 NICE = 10
 Key = tuple[bytes, str]  # (client identity, request id)
-
-
-def prompt_chars(sub: p.Submit) -> int:
-    """How much text ``sub`` gives to tokenize (chat messages: their contents)."""
-    if sub.prompt is not None:
-        return len(sub.prompt)
-    if sub.messages is not None:
-        return sum(len(str(m.get("content", ""))) for m in sub.messages)
-    return 0
 
 
 def _yield_to_the_loop() -> None:
