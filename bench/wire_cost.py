@@ -97,7 +97,8 @@ def main() -> None:
         med = {k: [statistics.median(r[name][i] for r in v) for i in (0, 1)]
                for k, v in rounds.items()}  # fmt: skip
         (eb, db), (ea, da) = med["before"], med["after"]
-        print(f"{name:16} {eb:10.2f} {ea:10.2f} {ea / eb:6.2f} {db:10.2f} {da:10.2f} {da / db:6.2f}")
+        encode = f"{eb:10.2f} {ea:10.2f} {ea / eb:6.2f}"
+        print(f"{name:16} {encode} {db:10.2f} {da:10.2f} {da / db:6.2f}")
 
 
 if __name__ == "__main__":
