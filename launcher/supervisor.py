@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import psutil
+
 from tandem.launcher.plan import Plan, Proc
 from tandem.launcher.probes import Probes, port_problem
 from tandem.launcher.screen import Screen
@@ -270,6 +272,7 @@ class Supervisor:
                 c.popen.wait()
             for reader in c.readers:
                 reader.join(timeout=1.0)
+        _wait_groups_empty(self.children, time.monotonic() + 2.0)
         return killed
 
 
@@ -294,6 +297,32 @@ def _wait_all(children: list[Child], deadline: float) -> None:
             continue
         with contextlib.suppress(subprocess.TimeoutExpired):
             c.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _wait_groups_empty(children: list[Child], deadline: float) -> None:
+    """Until ``deadline``, wait for the last live member of each child's group to die.
+    SIGKILL is delivered asynchronously: a grandchild (re-parented, so not ours to
+    wait for) can run for a few milliseconds after killpg returns, holding a port or
+    a file. A zombie counts as gone; whoever adopted it reaps it."""
+    groups = {c.popen.pid for c in children if c.popen is not None}
+    while groups and time.monotonic() < deadline:
+        groups = {g for g in groups if _group_has_live_member(g)}
+        if groups:
+            time.sleep(0.01)
+
+
+def _group_has_live_member(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False  # the common case: no member at all, not even a zombie
+    except PermissionError:
+        pass
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):  # it may vanish meanwhile
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+    return False
 
 
 def describe_exit(code: int) -> str:
