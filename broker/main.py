@@ -10,6 +10,7 @@ import zmq
 
 from tandem.broker.router import Router, RouterConfig
 from tandem.common.affinity import pin
+from tandem.common.fdlimit import raise_fd_limit
 
 log = logging.getLogger(__name__)
 
@@ -17,6 +18,7 @@ log = logging.getLogger(__name__)
 def run_router(cfg: RouterConfig, stop: threading.Event | None = None) -> int:
     stop = stop or threading.Event()
     pin(cfg.cpus)
+    raise_fd_limit()  # each client and worker connection holds a descriptor
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())

@@ -51,6 +51,11 @@ from tandem.gateway.config import GatewayConfig
     "max_connections_per_client",
     "Connections one client address may hold (raise it behind a proxy).",
 )
+@field_option(
+    GatewayConfig,
+    "max_connections",
+    "Connections from all addresses at once; 0: the descriptor limit less a reserve.",
+)
 @keys_option
 @click.option("--access-log/--no-access-log", default=False, show_default=True)
 def gateway(
@@ -65,6 +70,7 @@ def gateway(
     header_timeout_s: float,
     body_timeout_s: float,
     max_connections_per_client: int,
+    max_connections: int,
     keys: str | None,
     access_log: bool,
 ) -> None:
@@ -86,6 +92,7 @@ def gateway(
             header_timeout_s=header_timeout_s,
             body_timeout_s=body_timeout_s,
             max_connections_per_client=max_connections_per_client,
+            max_connections=max_connections,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -27,6 +27,10 @@ class GatewayConfig:
     # as many as the requests the gateway admits. Behind a proxy every client shares
     # its address: raise it there.
     max_connections_per_client: int = 256
+    # Connections open at once, from every address (one more gets 503 and a close);
+    # 0: as many as the descriptor limit allows, less a reserve for the gateway's own
+    # files and router sockets (gateway/main.py raises that limit first).
+    max_connections: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -43,5 +47,7 @@ class GatewayConfig:
             raise ValueError("header_timeout_s and body_timeout_s must be > 0")
         if self.max_connections_per_client < 1:
             raise ValueError("max_connections_per_client must be >= 1")
+        if self.max_connections < 0:
+            raise ValueError("max_connections must be >= 0 (0: from the descriptor limit)")
         if "://" not in self.router:
             raise ValueError(f"router address {self.router!r} needs a scheme (tcp://, ipc://)")

@@ -1,5 +1,7 @@
-"""Slow and greedy HTTP clients: deadlines on a request's headers and body, and a cap
-on the connections one client address may hold.
+"""Slow and greedy HTTP clients: deadlines on a request's headers and body, a cap on
+the connections one client address may hold, and one on all of them together (sized
+from the descriptor limit: a flood from many addresses is answered 503 and closed
+while the connections already open are served, instead of every accept failing).
 
 uvicorn closes idle kept-alive connections (``timeout_keep_alive``) and can cap
 concurrency as a whole (``limit_concurrency``, answered once a request is read),
@@ -44,24 +46,46 @@ class ConnectionLimits:
     header_timeout_s: float
     body_timeout_s: float
     max_per_client: int
+    max_total: int | None = None  # from every address together; None: no cap
     open: Counter[str] = field(default_factory=Counter)
+    total: int = 0
 
-    def refusal(self) -> bytes:
-        """The whole answer to a connection over the cap: 429, then the close."""
-        body = json.dumps(
-            ApiError(
-                429,
-                f"more than {self.max_per_client} connections from your address; "
-                "close some, or reuse them",
-                "rate_limit_error",
-                code="too_many_connections",
-            ).body()
-        ).encode()
-        head = (
-            "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-        )
-        return head.encode() + body
+    def refusal(self, address: str | None) -> bytes | None:
+        """The whole answer to a connection over a cap (then closed), or None: admitted.
+        Over the total, 503 (the server is full, retry); over one address's share, 429."""
+        if self.max_total is not None and self.total >= self.max_total:
+            log.warning("gateway: refused a connection: %d open, the cap", self.total)
+            return _answer(
+                ApiError(
+                    503,
+                    f"the gateway holds {self.max_total} connections, its cap; retry shortly",
+                    "service_unavailable",
+                    code="too_many_connections",
+                ),
+                "503 Service Unavailable",
+            )
+        if address is not None and self.open[address] >= self.max_per_client:
+            log.warning("gateway: refused a connection from %s (over the cap)", address)
+            return _answer(
+                ApiError(
+                    429,
+                    f"more than {self.max_per_client} connections from your address; "
+                    "close some, or reuse them",
+                    "rate_limit_error",
+                    code="too_many_connections",
+                ),
+                "429 Too Many Requests",
+            )
+        return None
+
+
+def _answer(err: ApiError, status_line: str) -> bytes:
+    body = json.dumps(err.body()).encode()
+    head = (
+        f"HTTP/1.1 {status_line}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body
 
 
 def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
@@ -76,11 +100,14 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             peer: Any = transport.get_extra_info("peername")
             address = peer[0] if isinstance(peer, tuple) and peer else None  # none on unix sockets
             self._counted: str | None = None
-            if address is not None and limits.open[address] >= limits.max_per_client:
-                log.warning("gateway: refused a connection from %s (over the cap)", address)
-                transport.write(limits.refusal())
+            self._in_total = False
+            refusal = limits.refusal(address)
+            if refusal is not None:
+                transport.write(refusal)
                 transport.close()
                 return
+            limits.total += 1
+            self._in_total = True
             if address is not None:
                 limits.open[address] += 1
                 self._counted = address
@@ -89,6 +116,9 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            if self._in_total:
+                limits.total -= 1
+                self._in_total = False
             if self._counted is not None:
                 limits.open[self._counted] -= 1
                 if not limits.open[self._counted]:

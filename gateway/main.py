@@ -8,12 +8,24 @@ import uvicorn
 
 from tandem.client import Client, TandemError
 from tandem.client.errors import HandshakeRefused, RouterUnavailable
+from tandem.common.fdlimit import raise_fd_limit
 from tandem.gateway.app import build_app
 from tandem.gateway.config import GatewayConfig
 from tandem.gateway.guard import ConnectionLimits, guarded_protocol
 
 log = logging.getLogger(__name__)
 PROBE_S = 2.0  # how long start-up waits for a router that does not answer
+# Descriptors kept back from the connection cap: the listening socket, the router's
+# sockets and ZeroMQ's own, logs, the Python runtime's files.
+FD_RESERVE = 64
+
+
+def connection_cap(cfg: GatewayConfig, fd_limit: int | None) -> int | None:
+    """How many connections the gateway holds at once: the configured cap, else the
+    descriptor limit less ``FD_RESERVE`` (at least 1), None where there is no limit."""
+    if cfg.max_connections:
+        return cfg.max_connections
+    return None if fd_limit is None else max(1, fd_limit - FD_RESERVE)
 
 
 def refused_by_router(cfg: GatewayConfig) -> str | None:
@@ -40,9 +52,20 @@ def run_gateway(cfg: GatewayConfig, access_log: bool = False) -> int:
     if refused is not None:
         log.error("gateway: %s", refused)
         return 2
+    fd_limit = raise_fd_limit()
     limits = ConnectionLimits(
-        cfg.header_timeout_s, cfg.body_timeout_s, cfg.max_connections_per_client
+        cfg.header_timeout_s,
+        cfg.body_timeout_s,
+        cfg.max_connections_per_client,
+        connection_cap(cfg, fd_limit),
     )
+    if fd_limit is not None and limits.max_total is not None and limits.max_total > fd_limit:
+        log.warning(
+            "gateway: --max-connections %d is over the descriptor limit %d: past it, "
+            "connections are reset instead of answered 503",
+            limits.max_total,
+            fd_limit,
+        )
     server = uvicorn.Server(
         uvicorn.Config(
             build_app(cfg),
@@ -55,7 +78,10 @@ def run_gateway(cfg: GatewayConfig, access_log: bool = False) -> int:
             timeout_graceful_shutdown=5,
         )
     )
-    log.info("gateway: http://%s:%d/v1 -> router %s", cfg.host, cfg.port, cfg.router)
+    log.info(
+        "gateway: http://%s:%d/v1 -> router %s (at most %s connections)",
+        cfg.host, cfg.port, cfg.router, limits.max_total or "unlimited",
+    )  # fmt: skip
     server.run()
     # uvicorn exits the process itself on a bind failure; a clean stop lands here.
     return 0 if server.started else 1

@@ -5,6 +5,7 @@ the router refuses says so and exits instead of hanging."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tandem.common.auth import make_keys
+from tandem.common.fdlimit import CEILING
 from tandem.launcher.cluster import Cluster, WorkerSpec
 from tests.chaos import GPU
 from tests.process.test_gateway import call as post
@@ -26,13 +28,31 @@ CLOSE_BOUND_S = 30.0  # the test's patience; the gateway's deadlines here are 1 
 CAP = 3
 
 
+@contextlib.contextmanager
+def inherited_soft_fd_limit(n: int):
+    """Processes started inside inherit a soft descriptor limit of at most ``n``: what
+    a fresh Linux login gives (1,024) rather than what this machine's shell may."""
+    try:
+        import resource
+    except ImportError:
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, n), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 @pytest.fixture(scope="module")
 def served():
-    with Cluster(workers=[WorkerSpec("w", GPU)]) as c:
+    with inherited_soft_fd_limit(512), Cluster(workers=[WorkerSpec("w", GPU)]) as c:
         c.slow_url = c.start_gateway(
             "gateway-slow", ("--header-timeout-s", "1", "--body-timeout-s", "1")
         )
         c.capped_url = c.start_gateway("gateway-capped", ("--max-connections-per-client", str(CAP)))
+        c.full_url = c.start_gateway("gateway-full", ("--max-connections", str(CAP)))
         c.model = json.loads(urllib.request.urlopen(f"{c.slow_url}/v1/models").read())
         yield c
 
@@ -108,13 +128,51 @@ def test_one_address_holds_a_bounded_number_of_connections(served):
             assert answer.startswith(b"HTTP/1.1 429") and b"too_many_connections" in answer
         assert models_ok(url, source="127.0.0.2")  # another address is served meanwhile
     finally:
-        held.pop().close()
-    deadline = time.monotonic() + CLOSE_BOUND_S  # one slot free, once the close is seen
+        _one_closed_then_served(url, held)
+
+
+def test_all_addresses_together_hold_a_bounded_number_of_connections(served):
+    """A flood from many addresses fills the total cap: one more is answered 503 (not
+    reset, not left hanging), the connections already open are served, and a slot
+    frees once one closes."""
+    url = served.full_url
+    held = [
+        socket.create_connection(host_port(url), timeout=5, source_address=(f"127.0.0.{i}", 0))
+        for i in range(2, 2 + CAP)
+    ]
+    try:
+        with socket.create_connection(
+            host_port(url), timeout=30, source_address=("127.0.0.9", 0)
+        ) as extra:
+            answer = extra.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 503") and b"too_many_connections" in answer
+        opened = held[0]  # an open connection is still served
+        opened.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert opened.recv(4096).startswith(b"HTTP/1.1 200")
+    finally:
+        _one_closed_then_served(url, held)
+
+
+def test_router_and_gateway_raise_their_descriptor_limits(served):
+    psutil = pytest.importorskip("psutil")
+    if not hasattr(psutil.Process, "rlimit"):
+        pytest.skip("psutil reads other processes' limits on Linux only")
+    for name in ("router", "gateway-full"):
+        soft, hard = psutil.Process(served.procs[name].pid).rlimit(psutil.RLIMIT_NOFILE)
+        assert soft == min(hard, CEILING) or hard == psutil.RLIM_INFINITY and soft == CEILING
+
+
+def _one_closed_then_served(url: str, held: list[socket.socket]) -> None:
+    """Close one of ``held``: a slot frees once the gateway sees the close; then the rest."""
+    held.pop().close()
+    deadline = time.monotonic() + CLOSE_BOUND_S
     while not _served_now(url) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _served_now(url)
-    for s in held:
-        s.close()
+    try:
+        assert _served_now(url)
+    finally:
+        for s in held:
+            s.close()
 
 
 def _served_now(url: str) -> bool:
