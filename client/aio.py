@@ -103,6 +103,10 @@ class AsyncClient:
         before routing raise instead), the Deltas as they arrive, then the final
         Result (usage, finish reason).
 
+        Every call takes a prompt (or ``tokens=``/``messages=``) and the fields of
+        ``make_submit``, or ``submit=``: a Submit already built by ``make_submit``
+        (built and checked once, as the gateway does for each HTTP request).
+
         Leaving the loop early (break, task cancelled) cancels the request."""
         out: dict[str, Assembly] = {}
         run = self._run(prompt, kwargs, out, accepted=True)
@@ -141,8 +145,12 @@ class AsyncClient:
         self, prompt: str | None, kwargs: dict, out: dict, accepted: bool = False
     ) -> AsyncGenerator[Any, None]:
         """Deltas of one request (and its Accepted first, with ``accepted``)."""
-        kwargs.setdefault("stream", True)
-        submit = make_submit(prompt, **kwargs)
+        submit = kwargs.pop("submit", None)
+        if submit is None:
+            kwargs.setdefault("stream", True)
+            submit = make_submit(prompt, **kwargs)
+        elif prompt is not None or kwargs:
+            raise TypeError("give submit= alone: it already holds the prompt and its fields")
         rid = submit.request_id
         box = self._box(rid)
         asm = out["asm"] = Assembly(rid)

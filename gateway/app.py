@@ -182,13 +182,13 @@ class Gateway:
             raw = await self.body(request)
         except ClientGone:
             return Response(status_code=499)
-        gen = read_request(raw, chat, self.cfg.default_max_tokens)
-        reply = Reply(chat, uuid.uuid4().hex, await self.served_model(gen.model))
+        gen = read_request(raw, chat, self.cfg.default_max_tokens, uuid.uuid4().hex)
+        reply = Reply(chat, gen.request_id, await self.served_model(gen.model))
         self.admit()
         try:
             if gen.stream:
                 return await self._stream(request, gen, reply)
-            result = await unless_disconnected(request, self._complete(gen, reply))
+            result = await unless_disconnected(request, self._complete(gen))
             return JSONResponse(reply.complete(result))
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; nginx's "client closed"
@@ -198,12 +198,9 @@ class Gateway:
             if not gen.stream:
                 self.release()
 
-    async def _complete(self, gen: Generation, reply: Reply) -> Result:
+    async def _complete(self, gen: Generation) -> Result:
         assert self.client is not None
-        return await self.client.generate(
-            prompt=gen.prompt, tokens=gen.tokens, messages=gen.messages, worker=gen.worker,
-            sampling=gen.sampling, request_id=reply.request_id, stream=False,
-        )  # fmt: skip
+        return await self.client.generate(submit=gen.submit)
 
     async def _stream(self, request: Request, gen: Generation, reply: Reply) -> Response:
         """Wait until the router accepts the request (every refusal before that still
@@ -212,10 +209,7 @@ class Gateway:
         handler in between (TTFT)."""
         client = self.client
         assert client is not None
-        events = client.events(
-            prompt=gen.prompt, tokens=gen.tokens, messages=gen.messages, worker=gen.worker,
-            sampling=gen.sampling, request_id=reply.request_id, stream=True,
-        )  # fmt: skip
+        events = client.events(submit=gen.submit)
         try:
             first = await unless_disconnected(request, anext(events))
         except BaseException:

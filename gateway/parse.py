@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 from tandem.client.errors import BadRequest
@@ -42,25 +43,29 @@ class Generation:
     tokens: list[int] | None = None
     messages: list[dict[str, str]] | None = None
     worker: str | None = None  # a worker id or device label to pin the request to
+    request_id: str = ""
 
-    def submit(self, request_id: str) -> p.Submit:
-        """The Submit the client library sends for it (checked as it will be there)."""
+    @cached_property
+    def submit(self) -> p.Submit:
+        """The Submit the client library sends for it, built and checked (as the
+        router will check it) once: BadRequest naming the field."""
         return make_submit(
-            self.prompt, tokens=self.tokens, messages=self.messages,
-            request_id=request_id, worker=self.worker, sampling=self.sampling,
+            self.prompt, tokens=self.tokens, messages=self.messages, stream=self.stream,
+            request_id=self.request_id, worker=self.worker, sampling=self.sampling,
         )  # fmt: skip
 
 
-def read_request(raw: bytes, chat: bool, default_max_tokens: int) -> Generation:
+def read_request(raw: bytes, chat: bool, default_max_tokens: int, request_id: str) -> Generation:
     """The one door of a request body: JSON, then its fields, then the Submit the
-    client library will send, checked by that library (client/checks.py). Whatever
-    a body holds, the answer is a Generation or a 400 ApiError naming what is wrong;
-    a failure none of the checks foresaw is still the body's doing, so it is a 400
-    too (and logged, to add the check it shows is missing)."""
+    gateway sends (``Generation.submit``), checked by the client library
+    (client/checks.py). Whatever a body holds, the answer is a Generation or a 400
+    ApiError naming what is wrong; a failure none of the checks foresaw is still the
+    body's doing, so it is a 400 too (and logged, to add the check it shows is
+    missing)."""
     parse = parse_chat if chat else parse_completion
     try:
-        gen = parse(decode_json(raw), default_max_tokens)
-        gen.submit("0")
+        gen = replace(parse(decode_json(raw), default_max_tokens), request_id=request_id)
+        gen.submit  # noqa: B018 (built here, where its refusal becomes a 400)
     except ApiError:
         raise
     except BadRequest as exc:

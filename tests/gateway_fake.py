@@ -34,7 +34,13 @@ class FakeRouter:
         return p.StatusReply("phase_cost", self.workers)
 
     def _submit(self, prompt: str | None, options: dict[str, Any]) -> p.Submit:
-        sub = make_submit(prompt, **options)
+        """As the client library takes its arguments: a prompt and fields, or a
+        ``submit=`` alone."""
+        sub = options.pop("submit", None)
+        if sub is None:
+            sub = make_submit(prompt, **options)
+        else:
+            assert prompt is None and not options
         got = p.decode(p.encode(sub))  # what the router would read
         assert isinstance(got, p.Submit)
         self.submits.append(got)

@@ -70,6 +70,26 @@ def test_async_client_refuses_before_sending(listener, kwargs, field):
     assert not sock.poll(100)
 
 
+def test_async_client_sends_a_prebuilt_submit_as_it_is(listener):
+    """``submit=``: a Submit built (and checked) once by make_submit goes out unchanged,
+    as the gateway sends each HTTP request's; given with a prompt or fields, a TypeError
+    before anything is sent."""
+    address, sock = listener
+    sub = make_submit("hi", request_id="r-1", stream=False, max_tokens=3, seed=7)
+
+    async def run() -> None:
+        async with AsyncClient(address, timeout_s=60) as c:
+            with pytest.raises(TypeError, match="submit= alone"):
+                await c.generate("hi", submit=sub)
+            assert not sock.poll(100)
+            task = asyncio.ensure_future(c.generate(submit=sub))
+            frames = await asyncio.to_thread(sock.recv_multipart)  # identity, frame
+            task.cancel()
+            assert p.decode(frames[-1]) == sub
+
+    asyncio.run(run())
+
+
 def test_values_the_wire_carries_pass():
     sub = make_submit(tokens=[0, 2**31], seed=2**64 - 1, top_k=2**31, stop="x")
     assert sub.sampling.stop == ["x"]  # one stop string, not its characters

@@ -15,47 +15,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tandem.client.session import Result, make_submit
 from tandem.common import protocol as p
-from tandem.gateway.app import build_app
-from tandem.gateway.config import GatewayConfig
 from tandem.gateway.errors import ApiError
 from tandem.gateway.parse import read_request
-from tests.gateway_fake import call
+from tests.gateway_fake import FakeRouter, call, gateway_app
 
 MSGS = [{"role": "user", "content": "hi"}]
 CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
 
 
-class FakeRouter:
-    """The gateway's two router clients in one: a status with a worker, and generations
-    whose Submit must encode and decode with the real protocol."""
-
-    async def status(self) -> p.StatusReply:
-        return p.StatusReply("phase_cost", [{"model": "m.gguf"}])
-
-    async def generate(self, prompt: str | None = None, **options: Any) -> Result:
-        sub = make_submit(prompt, **options)
-        p.decode(p.encode(sub))  # what the router would read
-        return Result(sub.request_id, "ok", [1], "length", {"prompt_tokens": 1})
-
-    async def events(self, prompt: str | None = None, **options: Any):
-        yield await self.generate(prompt, **options)
-
-    def cancel(self, request_id: str) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
-
 async def _app() -> Any:
-    app = build_app(GatewayConfig("tcp://127.0.0.1:1"))
-    gw = app.state.gateway
-    await gw.start()
-    await gw.stop()  # its real clients: replaced by the fake
-    gw.client = gw.status_client = FakeRouter()
-    return app
+    return await gateway_app(FakeRouter(workers=[{"model": "m.gguf"}]))
 
 
 async def _post(app: Any, path: str, body: bytes) -> tuple[int, bytes]:
@@ -158,12 +128,12 @@ def encode(body: Any, how: int) -> bytes:
 def test_parse_layer_answers_a_generation_or_a_400(body, how, chat):
     raw = encode(body, how)
     try:
-        gen = read_request(raw, chat, 16)
+        gen = read_request(raw, chat, 16, "r")
     except ApiError as exc:
         assert exc.status == 400 and exc.body()["error"]["message"]
         json.dumps(exc.body()).encode()  # the error itself can be written
         return
-    p.decode(p.encode(gen.submit("r")))
+    p.decode(p.encode(gen.submit))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
