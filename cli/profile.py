@@ -17,7 +17,13 @@ from tandem.workers.backends import BACKENDS
 @click.option("--backend", type=click.Choice(BACKENDS), default="llama.cpp")
 @click.option("--model", type=click.Path(exists=True), default=None, help="Default: embedded.")
 @click.option("--device", default="auto", show_default=True)
-@click.option("--threads", type=int, default=2, show_default=True)
+@click.option(
+    "--threads",
+    type=int,
+    default=0,
+    show_default=True,
+    help="llama.cpp threads; 0: as tandem worker chooses (the cores less one).",
+)
 @click.option("--max-active", type=int, default=4, show_default=True)
 @click.option("--n-ctx", type=int, default=None, help="KV cells [default: what profiling needs].")
 @click.option("--step-tokens", type=int, default=256, show_default=True)
@@ -85,7 +91,7 @@ def profile(
         )
         be = build_backend(cfg)
         click.echo(f"profiling {be.name} on {be.device} ({be.model_name})...", err=True)
-        _warn_if_busy(threads if backend == "llama.cpp" else 1)
+        _warn_if_busy(cfg.threads if backend == "llama.cpp" else 1)
         result = profile_backend(
             be, max_active, prompt_tokens, decode_tokens, repeats, step_tokens, 0, decode_context
         )

@@ -5,6 +5,7 @@ identical runs differed by 20-45 % while they shared all 16."""
 from __future__ import annotations
 
 import logging
+import os
 
 import psutil
 
@@ -26,6 +27,13 @@ def parse_cpus(text: str) -> tuple[int, ...]:
             raise ValueError(f"cpus {text!r}: {part!r} is not an ascending range of core ids")
         cpus.update(range(first, last + 1))
     return tuple(sorted(cpus))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 def pin(cpus: tuple[int, ...] | None) -> None:

@@ -8,11 +8,12 @@ the real one into a ``Machine`` (facts only), ``devices(machine)`` is pure.
 from __future__ import annotations
 
 import importlib.util
-import os
 import platform
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+
+from tandem.common.affinity import usable_cores
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def pick(found: list[Device], wanted: str) -> list[Device]:
 def probe() -> Machine:
     """The real machine. Importing MLX takes a second or two, so it is imported only
     where a GPU could be behind it."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     system, arch = platform.system(), platform.machine()
     metal = cuda = False
     if importlib.util.find_spec("mlx") is not None:

@@ -6,11 +6,27 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from tandem.common.affinity import usable_cores
 from tandem.workers.backends import BACKENDS
 from tandem.workers.prefix_cache import POLICIES
 
 WARMUP = ("auto", "quick", "on", "off")
 DEFAULT_PREFILL_TOK_S, DEFAULT_DECODE_TOK_S = 200.0, 50.0  # no profile, no flags: a guess
+
+
+def default_threads(cpus: tuple[int, ...] | None = None) -> int:
+    """llama.cpp threads for a worker not told how many: all of ``cpus`` when it is
+    pinned to them, else the cores it may use less one, at least 1.
+
+    The core left over is for whoever shares the machine (the router, the worker's own
+    I/O thread, a gateway): llama.cpp's threads meet at a barrier every operation, so
+    one of them descheduled stalls the rest. On a 2-core machine running the router,
+    2 threads served 0.14-0.17x the burst tokens/s of 1 under load, and 1.3-1.7x when
+    it was idle (docs/results/startup.md). ``tandem serve`` leaves one more core, for
+    its gateway (launcher/plan.py)."""
+    if cpus:
+        return len(cpus)
+    return max(1, usable_cores() - 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,7 +71,7 @@ class WorkerConfig:
     model: str | None = None  # None: the embedded default model
     worker_id: str | None = None
     device: str = "auto"
-    threads: int = 2
+    threads: int = 0  # llama.cpp threads; 0: default_threads(cpus)
     n_ctx: int = 8192
     engine: EngineConfig = field(default_factory=EngineConfig)
     prefill_tok_s: float | None = None  # None: from the stored profile, else a default
@@ -75,8 +91,10 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, not {self.backend!r}")
-        if self.threads < 1 or self.n_ctx < 64:
-            raise ValueError("threads must be >= 1 and n_ctx >= 64")
+        if self.threads < 0 or self.n_ctx < 64:
+            raise ValueError("threads must be >= 0 (0: the default) and n_ctx >= 64")
+        if self.threads == 0:
+            object.__setattr__(self, "threads", default_threads(self.cpus))
         if self.prefill_tok_s is not None and self.prefill_tok_s <= 0:
             raise ValueError("prefill_tok_s must be > 0")
         if self.decode_tok_s is not None and (not self.decode_tok_s or min(self.decode_tok_s) <= 0):
