@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.workers.config import EngineConfig, WorkerConfig
-from tandem.workers.memory import CachePlan, kv_bytes_per_token, plan
+from tandem.workers.memory import CachePlan, ModelledMemory, kv_bytes_per_token, plan
 from tandem.workers.prefix_cache import HOST, Match, PrefixCache
 
 log = logging.getLogger(__name__)
@@ -78,20 +78,39 @@ def _note_rate(cache: PrefixCache, backend: Any, tokens: int, took_s: float) -> 
 
 
 def cache_plan(cfg: WorkerConfig, model: str | Path, device: str) -> CachePlan:
-    """The sizes ``cfg`` asks for on ``device``, from ``model``'s KV shape."""
+    """The sizes ``cfg`` asks for on ``device``, from ``model``'s KV shape.
+
+    A sim worker whose profile models a device's memory sizes its device tier as a
+    worker of the modelled backend on that device would, from the modelled memory
+    (as the twin does, twin/cache.py), not from this machine's. It keeps no host
+    tier: the sim backend saves no sequence states (the twin models their restores)."""
     path = Path(model)
     weights = path.stat().st_size if path.is_file() else 0
-    return plan(
-        backend=cfg.backend,
-        device=device,
-        bytes_per_token=kv_bytes_per_token(path),
-        weights_bytes=weights,
-        cache_tokens=cfg.engine.cache_tokens,
-        cache_mem_frac=cfg.cache_mem_frac,
-        cache_mem=cfg.cache_mem,
-        host_cache_mem_frac=cfg.host_cache_mem_frac,
-        host_cache_mem=cfg.host_cache_mem,
-    )
+    sizes: dict[str, Any] = {
+        "cache_tokens": cfg.engine.cache_tokens,
+        "cache_mem_frac": cfg.cache_mem_frac,
+        "cache_mem": cfg.cache_mem,
+        "host_cache_mem_frac": cfg.host_cache_mem_frac,
+        "host_cache_mem": cfg.host_cache_mem,
+    }
+    modelled = _modelled_memory(cfg)
+    if modelled is None:
+        return plan(backend=cfg.backend, device=device, bytes_per_token=kv_bytes_per_token(path),
+                    weights_bytes=weights, **sizes)  # fmt: skip
+    device_mem, host_mem = modelled.memories()
+    got = plan(backend=modelled.backend, device=modelled.device,
+               bytes_per_token=kv_bytes_per_token(path), weights_bytes=weights,
+               device_mem=device_mem, host_mem=host_mem, **sizes)  # fmt: skip
+    return dataclasses.replace(got, host_tokens=0, host_source="none (a sim worker)")
+
+
+def _modelled_memory(cfg: WorkerConfig) -> ModelledMemory | None:
+    """The memory a sim worker's profile models, if it models one."""
+    if cfg.backend != "sim" or not cfg.profile:
+        return None
+    from tandem.workers.backends.sim import SimProfile
+
+    return SimProfile.load(cfg.profile).memory
 
 
 def sized(cfg: WorkerConfig, cache: CachePlan) -> WorkerConfig:

@@ -66,3 +66,21 @@ def test_a_llama_device_has_sequence_ids_and_restores_in_device_time():
     assert dev.owner.now == pytest.approx(27_000 / 270_000)
     gpu = spec_of("sim:h200-gpu")
     assert not hasattr(twin_device(gpu.profile, Owner(), gpu.engine()), "save")
+
+
+@pytest.mark.parametrize("name", ["h200-gpu", "gpu-m2", "h200-cpu"])
+def test_a_sim_worker_process_sizes_its_device_tier_as_the_twin_does(name):
+    """From the memory its profile models, not this machine's: a sim worker and the
+    twin's worker on one profile keep the same device tier (within the weights'
+    rounding); the process keeps no host tier (its backend saves no states)."""
+    from tandem.common.model_files import default_model_path
+    from tandem.workers.config import WorkerConfig
+    from tandem.workers.host_cache import cache_plan
+
+    cfg = WorkerConfig(router="tcp://x:1", backend="sim", profile=name)
+    live = cache_plan(cfg, default_model_path(), "cpu")
+    twin = CacheSpec(kv_bytes=live.bytes_per_token).plan(SimProfile.load(name))
+    assert twin is not None
+    assert live.device_tokens == pytest.approx(twin.device_tokens, rel=0.01)
+    assert "modelled" in live.device_source or live.device_source == twin.device_source
+    assert live.host_tokens == 0
