@@ -89,12 +89,17 @@ class Probes:
             self._client.close()
 
 
-def port_problem(plan: Plan) -> tuple[str, str] | None:
+def port_problem(plan: Plan, keys: str | None = None) -> tuple[str, str] | None:
     """(process, reason) when an address the plan binds is taken, before anything
-    starts: a clear reason now instead of a child's traceback later."""
-    binds = [("router", plan.client_addr, "[router] client_addr"),
-             ("router", plan.worker_addr, "[router] worker_addr"),
+    starts: a clear reason now instead of a child's traceback later. The reason says
+    whether a tandem router already answers there (another ``tandem serve``), and
+    gives the flag that moves this one to a free port."""
+    binds = [("router", plan.client_addr, "router.client_addr"),
+             ("router", plan.worker_addr, "router.worker_addr"),
              ("gateway", f"tcp://{plan.gateway_bind}", "--port")]  # fmt: skip
+    taken: list[tuple[str, str, str, str]] = []  # (process, address, host:port, why)
+    moves: list[str] = []  # the flags that move every taken one to a free port
+    chosen: set[int] = set()
     for name, addr, change in binds:
         if not addr.startswith("tcp://"):
             continue
@@ -102,11 +107,58 @@ def port_problem(plan: Plan) -> tuple[str, str] | None:
         host = "0.0.0.0" if host in ("*", "") else host.strip("[]")
         if not port.isdigit() or port == "0":  # no port (ipc://) or any free one
             continue
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
-            try:
-                s.bind((host, int(port)))
-            except OSError as exc:
-                why = "in use" if exc.errno == errno.EADDRINUSE else exc.strerror
-                return name, f"cannot listen on {host}:{port} ({why}); choose another with {change}"
+        why = _bind_problem(host, int(port))
+        if why is None:
+            continue
+        free = _free_port_after(host, int(port), chosen)
+        chosen.add(free)
+        shown = host if ":" not in host else f"[{host}]"
+        moves.append(
+            f"--port {free}" if change == "--port" else f"--set {change}=tcp://{shown}:{free}"
+        )
+        taken.append((name, addr, f"{host}:{port}", why))
+    if not taken:
+        return None
+    name, addr, where, why = taken[0]
+    elsewhere = "run this one elsewhere: " + " ".join(moves)
+    if addr == plan.client_addr and _tandem_router_at(addr, keys):
+        return name, (f"a tandem router already answers at {addr} (another tandem "
+                      f"serve? `tandem status` shows it); stop it, or {elsewhere}")  # fmt: skip
+    return name, f"cannot listen on {where} ({why}); {elsewhere}"
+
+
+def _bind_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be bound now, or None."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return "in use" if exc.errno == errno.EADDRINUSE else exc.strerror
     return None
+
+
+def _free_port_after(host: str, port: int, chosen: set[int]) -> int:
+    """The first port above ``port`` (by tens, then by ones) free on ``host`` now and
+    not among ``chosen``."""
+    for candidate in [*range(port + 10, port + 100, 10), *range(port + 1, port + 200)]:
+        if candidate in chosen or candidate > 65535:
+            continue
+        if _bind_problem(host, candidate) is None:
+            return candidate
+    return 0
+
+
+def _tandem_router_at(addr: str, keys: str | None) -> bool:
+    """Whether a tandem router answers at ``addr`` (its refusal of our keys counts)."""
+    from tandem.client.errors import HandshakeRefused, TandemError
+    from tandem.client.sync import Client
+
+    try:
+        with Client(addr, timeout_s=1.0, connect_timeout_s=1.0, retries=0, keys=keys) as c:
+            c.status()
+    except HandshakeRefused:
+        return True
+    except TandemError:
+        return False
+    return True

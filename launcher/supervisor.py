@@ -87,7 +87,7 @@ class Supervisor:
     def run(self, keys: str | None = None) -> int:
         """Serve until a signal (exit 0) or until the router or gateway cannot start,
         or no worker can (exit 1, with the reason)."""
-        problem = port_problem(self.plan)
+        problem = port_problem(self.plan, keys)
         if problem:
             self.screen.failure(*problem, None)
             return 1

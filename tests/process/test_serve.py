@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -18,8 +19,9 @@ import psutil
 import pytest
 from rich.console import Console
 
-from tandem.launcher.cluster import free_tcp_address, free_tcp_port
+from tandem.launcher.cluster import Cluster, free_tcp_address, free_tcp_port
 from tandem.launcher.plan import Plan, Proc
+from tandem.launcher.probes import port_problem
 from tandem.launcher.screen import Screen
 from tandem.launcher.supervisor import Supervisor
 from tests.helpers import needs_llama
@@ -161,9 +163,30 @@ def test_a_taken_port_is_a_clear_error_and_nothing_runs(tmp_path, taken):
     assert out.returncode != 0
     text = out.stdout + out.stderr
     assert f"127.0.0.1:{taken_port}" in text and "in use" in text, text
-    assert ("--port" if taken == "gateway" else "client_addr") in text
+    # The flag that moves it, to a port free now (not a key to look up).
+    move = re.search(
+        r"elsewhere: (--port (\d+)|--set router\.client_addr=tcp://127\.0\.0\.1:(\d+))", text
+    )
+    assert move is not None, text
+    moved_to = int(move.group(2) or move.group(3))
+    assert moved_to != taken_port
+    with listening_on(moved_to):  # free: it binds
+        pass
     mine = [p for p in psutil.process_iter(["cmdline"]) if worker_addr in (p.info["cmdline"] or [])]
     assert mine == []
+
+
+def test_a_second_serve_names_the_router_already_running():
+    """The common case of a taken port: tandem serve twice. The reason says a tandem
+    router answers there, and one line moves all three addresses."""
+    with Cluster(workers=[], transport="tcp") as first:
+        plan = Plan((), (), first.client_addr, first.worker_addr, "http://127.0.0.1:0", None)
+        problem = port_problem(plan)
+    assert problem is not None
+    name, reason = problem
+    assert name == "router" and f"a tandem router already answers at {first.client_addr}" in reason
+    assert "--set router.client_addr=tcp://127.0.0.1:" in reason
+    assert "--set router.worker_addr=tcp://127.0.0.1:" in reason
 
 
 def test_a_child_that_ignores_sigterm_is_killed_with_its_group(tmp_path):
