@@ -181,7 +181,7 @@ def cache_memory_options(f: Any) -> Any:
 )
 @field_option(W, "threads", "llama.cpp threads; 0: the cores this worker may use less one "
               "(all of --cpus when given), at least 1.")  # fmt: skip
-@field_option(E, "max_active")
+@field_option(E, "max_active", "Requests this worker runs at once (the rows of its batch).")
 @field_option(W, "n_ctx", "KV cells, all sequences.")
 @field_option(E, "step_tokens", "Token budget of one batch step (decode first, then prefill).")
 @field_option(E, "block_size")

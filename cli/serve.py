@@ -15,7 +15,7 @@ import click
 from tandem.cli.gateway import gateway as gateway_command
 from tandem.cli.processes import router as router_command
 from tandem.cli.processes import worker as worker_command
-from tandem.launcher.plan import option_keys
+from tandem.launcher.plan import CPU_MAX_ACTIVE, GPU_MAX_ACTIVE, option_keys
 
 # The commands whose options a plan's config keys are, and whose parsers check them.
 COMMANDS = {"router": router_command, "worker": worker_command, "gateway": gateway_command}
@@ -26,13 +26,22 @@ WORKER_KNOBS = ("threads", "max_active", "n_ctx", "step_tokens", "cache_tokens",
 RUNS_KEPT = 20  # run folders (logs) kept under the cache root
 
 
+# What serve picks per device when a knob is not given (launcher/plan.py).
+SERVE_DEFAULTS = {
+    "threads": "the cores less one each for the router, the gateway and every GPU "
+    "worker's host thread, at least 1",
+    "max_active": f"{CPU_MAX_ACTIVE} on a CPU, {GPU_MAX_ACTIVE} on a GPU",
+}
+
+
 def _worker_knobs(f: Any) -> Any:
     options = option_keys(worker_command)
     for name in reversed(WORKER_KNOBS):
         opt = options[name]
-        f = click.option(
-            *opt.opts, type=opt.type, default=None, help=f"Every worker: {opt.help or name}"
-        )(f)
+        text = f"Every worker: {opt.help or name}"
+        if name in SERVE_DEFAULTS:
+            text += f" [default: {SERVE_DEFAULTS[name]}]"
+        f = click.option(*opt.opts, type=opt.type, default=None, help=text)(f)
     return f
 
 
