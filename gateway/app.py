@@ -33,6 +33,7 @@ from tandem.common import protocol as p
 from tandem.gateway.config import GatewayConfig
 from tandem.gateway.disconnect import ClientGone, EventStream, unless_disconnected
 from tandem.gateway.errors import EXCEPTION_HANDLERS, ApiError
+from tandem.gateway.guard import ConnectionLimits
 from tandem.gateway.metrics import HttpMetrics, MetricsMiddleware
 from tandem.gateway.models import STARTING, display_name, model_list, model_object, served_as
 from tandem.gateway.parse import Generation, read_request
@@ -290,10 +291,13 @@ class Gateway:
         return JSONResponse(body, 503)
 
 
-def build_app(cfg: GatewayConfig) -> Starlette:
-    """The ASGI application (served by ``tandem gateway`` through uvicorn)."""
+def build_app(cfg: GatewayConfig, limits: ConnectionLimits | None = None) -> Starlette:
+    """The ASGI application (served by ``tandem gateway`` through uvicorn); ``limits``:
+    the connection guard's, reported at /metrics."""
     gw = Gateway(cfg)
     metrics = HttpMetrics()
+    if limits is not None:
+        metrics.watch(limits)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -34,6 +34,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from tandem.common.refusals import RefusalLog
 from tandem.gateway.errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -49,12 +50,17 @@ class ConnectionLimits:
     max_total: int | None = None  # from every address together; None: no cap
     open: Counter[str] = field(default_factory=Counter)
     total: int = 0
+    # Connections refused or cut off, by reason (over_total, over_per_client,
+    # slow_headers, slow_body): counted for /metrics, logged at a bounded rate.
+    refusals: RefusalLog = field(default_factory=lambda: RefusalLog(log))
 
     def refusal(self, address: str | None) -> bytes | None:
         """The whole answer to a connection over a cap (then closed), or None: admitted.
         Over the total, 503 (the server is full, retry); over one address's share, 429."""
         if self.max_total is not None and self.total >= self.max_total:
-            log.warning("gateway: refused a connection: %d open, the cap", self.total)
+            self.refusals.refused(
+                "over_total", "gateway: refused a connection: %d open, the cap", self.total
+            )
             return _answer(
                 ApiError(
                     503,
@@ -65,7 +71,9 @@ class ConnectionLimits:
                 "503 Service Unavailable",
             )
         if address is not None and self.open[address] >= self.max_per_client:
-            log.warning("gateway: refused a connection from %s (over the cap)", address)
+            self.refusals.refused(
+                "over_per_client", "gateway: refused a connection from %s (over its cap)", address
+            )
             return _answer(
                 ApiError(
                     429,
@@ -150,7 +158,9 @@ def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
 
         def _expire(self, what: str) -> None:
             self._deadline = None
-            log.info("gateway: closed a connection whose request %s took too long", what)
+            limits.refusals.refused(
+                f"slow_{what}", "gateway: closed a connection whose request %s took too long", what
+            )
             # The app, if it was reading the body, sees the client gone (no answer).
             self.transport.close()
 

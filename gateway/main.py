@@ -68,7 +68,7 @@ def run_gateway(cfg: GatewayConfig, access_log: bool = False) -> int:
         )
     server = uvicorn.Server(
         uvicorn.Config(
-            build_app(cfg),
+            build_app(cfg, limits),
             host=cfg.host,
             port=cfg.port,
             http=guarded_protocol(limits),

@@ -22,6 +22,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -84,9 +85,42 @@ class HttpMetrics:
             "tandem_gateway_streams_open", "Server-sent-event streams open.", registry=r
         )
 
+    def watch(self, limits: Any) -> None:
+        """Also report ``limits`` (gateway/guard.py ``ConnectionLimits``): read when
+        scraped, so a connection costs the guard's own counting and nothing more."""
+        self.registry.register(_ConnectionCollector(limits))
+
     async def endpoint(self, request: Request) -> Response:
         """``GET /metrics``: the Prometheus text format."""
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+class _ConnectionCollector:
+    def __init__(self, limits: Any) -> None:
+        self.limits = limits
+
+    def describe(self) -> list[Any]:
+        return []  # registered unchecked: the families are built when scraped
+
+    def collect(self) -> Any:
+        lim = self.limits
+        yield GaugeMetricFamily(
+            "tandem_gateway_connections_open", "HTTP connections open.", value=lim.total
+        )
+        if lim.max_total is not None:
+            yield GaugeMetricFamily(
+                "tandem_gateway_connections_max", "The cap on open connections.",
+                value=lim.max_total,
+            )  # fmt: skip
+        refused = CounterMetricFamily(
+            "tandem_gateway_connections_refused",
+            "Connections answered and closed over a cap (over_total: 503, over_per_client: "
+            "429) or closed for a request too slow (slow_headers, slow_body).",
+            labels=["reason"],
+        )
+        for reason in ("over_total", "over_per_client", "slow_headers", "slow_body"):
+            refused.add_metric([reason], lim.refusals.counts[reason])
+        yield refused
 
 
 class MetricsMiddleware:

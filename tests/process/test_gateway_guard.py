@@ -117,6 +117,10 @@ def test_slow_clients_are_closed_while_others_are_served(served, opening, piece)
         )
     assert served_meanwhile == [True]
     assert models_ok(served.slow_url)  # and after
+    reason = "slow_body" if piece == b"{" else "slow_headers"
+    metrics = urllib.request.urlopen(f"{served.slow_url}/metrics", timeout=30).read().decode()
+    line = f'tandem_gateway_connections_refused_total{{reason="{reason}"}} '
+    assert float(metrics.split(line)[1].split()[0]) >= 1
 
 
 def test_one_address_holds_a_bounded_number_of_connections(served):
@@ -147,8 +151,12 @@ def test_all_addresses_together_hold_a_bounded_number_of_connections(served):
             answer = extra.recv(4096)
             assert answer.startswith(b"HTTP/1.1 503") and b"too_many_connections" in answer
         opened = held[0]  # an open connection is still served
-        opened.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert opened.recv(4096).startswith(b"HTTP/1.1 200")
+        opened.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        scraped = _whole_response(opened)
+        assert scraped.startswith(b"HTTP/1.1 200")
+        assert f"tandem_gateway_connections_open {CAP}.0".encode() in scraped
+        assert f"tandem_gateway_connections_max {CAP}.0".encode() in scraped
+        assert b'tandem_gateway_connections_refused_total{reason="over_total"} 1.0' in scraped
     finally:
         _one_closed_then_served(url, held)
 
@@ -160,6 +168,18 @@ def test_router_and_gateway_raise_their_descriptor_limits(served):
     for name in ("router", "gateway-full"):
         soft, hard = psutil.Process(served.procs[name].pid).rlimit(psutil.RLIMIT_NOFILE)
         assert soft == min(hard, CEILING) or hard == psutil.RLIM_INFINITY and soft == CEILING
+
+
+def _whole_response(sock: socket.socket) -> bytes:
+    """One HTTP response read off ``sock`` to the end of its declared length."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
 
 
 def _one_closed_then_served(url: str, held: list[socket.socket]) -> None:
