@@ -30,6 +30,7 @@ from tandem.client.waiting import stage_words
 from tandem.common import protocol as p
 
 DECISIONS_SHOWN = 8
+PIPED_WIDTH = 200  # columns when the output is not a terminal (tables take their natural width)
 
 
 @dataclass
@@ -187,7 +188,10 @@ def top(router_addr: str, interval_s: float, once: bool, keys: str | None) -> No
         rates.update(st.activity, time.monotonic())
         return render(st, rates, router_addr)
 
-    console = Console()
+    # Piped or captured (`tandem top --once > file`), rich would squeeze the tables into
+    # 80 columns (or $COLUMNS, which harnesses set to 80) until no header could be read:
+    # give them their natural width there.
+    console = Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)
     try:
         client = Client(router_addr, connect_timeout_s=min(interval_s, 2.0), retries=0, keys=keys)
     except ValueError as exc:  # e.g. not a keys folder

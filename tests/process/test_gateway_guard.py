@@ -248,5 +248,8 @@ def test_keys_on_gateway_top_and_status(tmp_path: Path):
                 [*args, "--keys", str(keys)], capture_output=True, text=True, timeout=60
             )
             assert keyed.returncode == 0 and "w" in keyed.stdout + keyed.stderr
+            if command[0] == "top":  # piped: every header whole, not squeezed to 80 columns
+                headers = ("worker", "device", "routed", "blocks", "prefill", "decode", "caps")
+                assert all(f" {h} " in keyed.stdout for h in headers), keyed.stdout
             keyless = subprocess.run(args, capture_output=True, text=True, timeout=60)
             assert "refused our handshake" in keyless.stdout + keyless.stderr
