@@ -131,20 +131,20 @@ class TwinDevice:
         return _FIRST_OUTPUT_ID + (seed + position * 7919) % (VOCAB_SIZE - _FIRST_OUTPUT_ID)
 
 
-class TwinLlamaDevice(TwinDevice):
-    """A TwinDevice standing for a llama.cpp worker: its cache entries are sequence ids
-    (``max_cache_entries``), and it saves evicted entries to a host-RAM tier whose
-    restores cost ``tokens / restore_tok_s`` of device time (workers/host_cache.py)."""
+class TwinHostDevice(TwinDevice):
+    """A TwinDevice with a host-RAM tier behind its cache: an evicted entry is saved
+    (its token count: the twin holds no KV) and a restore costs ``tokens /
+    restore_tok_s`` of device time (workers/host_cache.py). It stands for MLX on a
+    CUDA GPU (its arrays copied to host RAM), where the profile gives the rate."""
 
-    def __init__(self, profile: SimProfile, owner: Clocked, max_cache_entries: int,
-                 restore_tok_s: float | None, tail: Tail | None = None) -> None:  # fmt: skip
+    def __init__(self, profile: SimProfile, owner: Clocked, restore_tok_s: float | None,
+                 tail: Tail | None = None) -> None:  # fmt: skip
         super().__init__(profile, owner, tail=tail)
-        self.max_cache_entries = max_cache_entries
         self.restore_tok_s = restore_tok_s
         self.restored_tokens = 0
 
     def save(self, handle: int) -> int | None:
-        """The saved state is the token count (the twin holds no KV)."""
+        """The saved state is the token count; None (nothing kept) without a rate."""
         return self.held_tokens(handle) if self.restore_tok_s else None
 
     def restore(self, state: int) -> int:
@@ -158,12 +158,30 @@ class TwinLlamaDevice(TwinDevice):
         return handle
 
 
+class TwinLlamaDevice(TwinHostDevice):
+    """A TwinHostDevice standing for a llama.cpp worker: its cache entries are also
+    sequence ids (``max_cache_entries``); its host tier is llama.cpp's saved sequence
+    states."""
+
+    def __init__(self, profile: SimProfile, owner: Clocked, max_cache_entries: int,
+                 restore_tok_s: float | None, tail: Tail | None = None) -> None:  # fmt: skip
+        super().__init__(profile, owner, restore_tok_s, tail=tail)
+        self.max_cache_entries = max_cache_entries
+
+
 def twin_device(profile: SimProfile, owner: Clocked, engine: EngineConfig,
                 tail: Tail | None = None) -> TwinDevice:  # fmt: skip
-    """The device a twin worker runs on: a llama.cpp one where the profile's memory
-    says it stands for llama.cpp (workers/memory.py ``ModelledMemory``)."""
+    """The device a twin worker runs on, as the profile's memory (workers/memory.py
+    ``ModelledMemory``) says: a llama.cpp one, MLX on a CUDA GPU with a host tier
+    where the profile gives its restore rate, else a plain one (MLX on Metal or a
+    CPU keeps its arrays in host memory already: no tier to restore from)."""
     mem = profile.memory
-    if mem is None or mem.backend != "llama.cpp":
+    if mem is None:
         return TwinDevice(profile, owner, tail=tail)
-    seqs = llama_sequences(engine.max_active, engine.cache_entries, engine.step_tokens)
-    return TwinLlamaDevice(profile, owner, seqs - engine.max_active - 1, mem.restore_tok_s, tail)
+    if mem.backend == "llama.cpp":
+        seqs = llama_sequences(engine.max_active, engine.cache_entries, engine.step_tokens)
+        entries = seqs - engine.max_active - 1  # the sequence ids the active rows leave
+        return TwinLlamaDevice(profile, owner, entries, mem.restore_tok_s, tail)
+    if mem.device == "gpu-cuda" and mem.restore_tok_s:
+        return TwinHostDevice(profile, owner, mem.restore_tok_s, tail)
+    return TwinDevice(profile, owner, tail=tail)

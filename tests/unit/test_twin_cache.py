@@ -84,3 +84,30 @@ def test_a_sim_worker_process_sizes_its_device_tier_as_the_twin_does(name):
     assert live.device_tokens == pytest.approx(twin.device_tokens, rel=0.01)
     assert "modelled" in live.device_source or live.device_source == twin.device_source
     assert live.host_tokens == 0
+
+
+def test_mlx_on_a_cuda_gpu_has_a_host_tier_where_its_profile_gives_a_restore_rate():
+    """MLX on CUDA copies evicted arrays to host RAM (workers/backends/mlx/host_state.py):
+    the twin models that tier once the profile says how fast a restore is; on Metal
+    (unified memory) there is no tier to restore from."""
+    from dataclasses import replace
+
+    from tandem.twin.device import TwinHostDevice
+    from tandem.workers.config import EngineConfig
+
+    class Owner:
+        now = 0.0
+
+    base = SimProfile.load("h200-gpu")
+    assert base.memory is not None and base.memory.restore_tok_s is None  # not measured yet
+    cuda = replace(base, memory=replace(base.memory, restore_tok_s=2_000_000.0))
+    engine_cfg = EngineConfig(max_active=4, **CacheSpec().engine_fields(cuda))
+    dev = twin_device(cuda, Owner(), engine_cfg)
+    assert isinstance(dev, TwinHostDevice) and not isinstance(dev, TwinLlamaDevice)
+    engine = Engine(dev, engine_cfg, lambda m: None, "w", clock=lambda: 0.0)
+    assert engine.cache.capacity["host"] > 0
+    handle = dev.restore(40_000)
+    assert dev.held_tokens(handle) == 40_000 and dev.save(handle) == 40_000
+    assert dev.owner.now == pytest.approx(40_000 / 2_000_000)
+    metal = replace(base, memory=replace(cuda.memory, device="gpu-metal"))
+    assert not hasattr(twin_device(metal, Owner(), engine_cfg), "save")
