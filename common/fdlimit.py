@@ -16,7 +16,8 @@ import sys
 
 log = logging.getLogger(__name__)
 
-CEILING = 1 << 20  # taken when the hard limit is unlimited (macOS refuses more)
+CEILING = 1 << 20  # taken when the hard limit is unlimited (Linux's default nr_open)
+DARWIN_OPEN_MAX = 10240  # macOS's per-process cap, whatever getrlimit says
 
 
 def raise_fd_limit() -> int | None:
@@ -29,10 +30,16 @@ def raise_fd_limit() -> int | None:
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = CEILING if hard == resource.RLIM_INFINITY else min(hard, CEILING)
-    if soft != resource.RLIM_INFINITY and soft < want:
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return CEILING if soft == resource.RLIM_INFINITY else soft
+    # macOS reports an unlimited hard limit and refuses more than OPEN_MAX: try that next.
+    tries = [want, *([DARWIN_OPEN_MAX] if soft < DARWIN_OPEN_MAX < want else [])]
+    error: Exception | None = None
+    for target in tries:
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-            soft = want
-        except (ValueError, OSError) as exc:  # macOS caps below the reported hard limit
-            log.warning("descriptor limit stays at %d (raising it to %d: %s)", soft, want, exc)
-    return CEILING if soft == resource.RLIM_INFINITY else soft
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return target
+        except (ValueError, OSError) as exc:
+            error = exc
+    log.warning("descriptor limit stays at %d (raising it to %d: %s)", soft, want, error)
+    return soft

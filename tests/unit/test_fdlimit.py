@@ -46,3 +46,26 @@ def test_the_connection_cap_comes_from_the_limit_unless_given():
     assert connection_cap(GatewayConfig("tcp://127.0.0.1:1", max_connections=7), 1024) == 7
     with pytest.raises(ValueError, match="max_connections"):
         GatewayConfig("tcp://127.0.0.1:1", max_connections=-1)
+
+
+def test_a_cap_below_the_reported_hard_limit_is_tried_next(monkeypatch):
+    """macOS reports an unlimited hard limit and refuses more than OPEN_MAX."""
+    from tandem.common.fdlimit import DARWIN_OPEN_MAX, raise_fd_limit
+
+    asked = []
+
+    def setrlimit(which, limits):
+        asked.append(limits[0])
+        if limits[0] > DARWIN_OPEN_MAX:
+            raise ValueError("current limit exceeds maximum limit")
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (LOW, resource.RLIM_INFINITY))
+    monkeypatch.setattr(resource, "setrlimit", setrlimit)
+    assert raise_fd_limit() == DARWIN_OPEN_MAX
+    assert asked == [CEILING, DARWIN_OPEN_MAX]
+
+    def refuse(which, limits):
+        raise OSError("not permitted")
+
+    monkeypatch.setattr(resource, "setrlimit", refuse)
+    assert raise_fd_limit() == LOW  # left as it was
