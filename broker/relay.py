@@ -55,7 +55,9 @@ class TokenOutbox:
         entry.token_ids.extend(ids)
         entry.texts.append(text)
         if logprobs is not None:  # relayed unchanged, joined as their tokens are
-            entry.logprobs = (entry.logprobs or []) + logprobs
+            if entry.logprobs is None:
+                entry.logprobs = []
+            entry.logprobs.extend(logprobs)
 
     def pop(self, wid: str) -> Pending | None:
         """Take ``wid``'s pending tokens (to send them before its Done or Error)."""

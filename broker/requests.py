@@ -123,8 +123,10 @@ class ClientRequest:
         self.output_ids.extend(token_ids)
         if not self.submit.stream:
             self.buffer_text.append(text)
-            if logprobs is not None:
-                self.buffer_logprobs = (self.buffer_logprobs or []) + logprobs
+            if logprobs is not None:  # extended in place: a long answer is not copied per delta
+                if self.buffer_logprobs is None:
+                    self.buffer_logprobs = []
+                self.buffer_logprobs.extend(logprobs)
 
     def final_stats(self, worker_stats: p.DoneStats, now: float, policy: str) -> p.DoneStats:
         """Worker stats plus what only the router can measure (its clock, end to end)."""

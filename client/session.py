@@ -112,8 +112,10 @@ class Assembly:
         elif isinstance(msg, p.TokenDelta):
             self.token_ids.extend(msg.token_ids)
             self.text.append(msg.text)
-            if msg.logprobs is not None:
-                self.logprobs = (self.logprobs or []) + msg.logprobs
+            if msg.logprobs is not None:  # extended in place, not copied per delta
+                if self.logprobs is None:
+                    self.logprobs = []
+                self.logprobs.extend(msg.logprobs)
             return Delta(list(msg.token_ids), msg.text, msg.logprobs)
         elif isinstance(msg, p.Done):
             self.result = Result(
