@@ -155,9 +155,10 @@ def one_run(args: dict[str, Any], cache: Path) -> dict[str, Any]:
 
 
 def _threads(worker_args: list[str]) -> int:
-    """The worker's --threads among its arguments (the control measures alike)."""
+    """The worker's --threads among its arguments (the control measures alike); 0, the
+    worker's own default (workers/config.py default_threads), when none is given."""
     flags = [a for arg in worker_args for a in arg.split("=", 1)]
-    return int(flags[flags.index("--threads") + 1]) if "--threads" in flags else 2
+    return int(flags[flags.index("--threads") + 1]) if "--threads" in flags else 0
 
 
 def measure_again(threads: int) -> list[float]:
