@@ -38,6 +38,9 @@ from tandem.common.refusals import RefusalLog
 from tandem.gateway.errors import ApiError
 
 log = logging.getLogger(__name__)
+# Why a connection was refused or cut off: over a cap (503 / 429), or too slow for the
+# headers or body deadline (``_expire``: ``slow_`` and what). /metrics reports each.
+REFUSAL_REASONS = ("over_total", "over_per_client", "slow_headers", "slow_body")
 
 
 @dataclass
@@ -50,8 +53,8 @@ class ConnectionLimits:
     max_total: int | None = None  # from every address together; None: no cap
     open: Counter[str] = field(default_factory=Counter)
     total: int = 0
-    # Connections refused or cut off, by reason (over_total, over_per_client,
-    # slow_headers, slow_body): counted for /metrics, logged at a bounded rate.
+    # Connections refused or cut off, by reason (REFUSAL_REASONS): counted for
+    # /metrics, logged at a bounded rate.
     refusals: RefusalLog = field(default_factory=lambda: RefusalLog(log))
 
     def refusal(self, address: str | None) -> bytes | None:

@@ -26,6 +26,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
 
+from tandem.gateway.guard import REFUSAL_REASONS, ConnectionLimits
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -85,7 +87,7 @@ class HttpMetrics:
             "tandem_gateway_streams_open", "Server-sent-event streams open.", registry=r
         )
 
-    def watch(self, limits: Any) -> None:
+    def watch(self, limits: ConnectionLimits) -> None:
         """Also report ``limits`` (gateway/guard.py ``ConnectionLimits``): read when
         scraped, so a connection costs the guard's own counting and nothing more."""
         self.registry.register(_ConnectionCollector(limits))
@@ -96,7 +98,7 @@ class HttpMetrics:
 
 
 class _ConnectionCollector:
-    def __init__(self, limits: Any) -> None:
+    def __init__(self, limits: ConnectionLimits) -> None:
         self.limits = limits
 
     def describe(self) -> list[Any]:
@@ -118,7 +120,7 @@ class _ConnectionCollector:
             "429) or closed for a request too slow (slow_headers, slow_body).",
             labels=["reason"],
         )
-        for reason in ("over_total", "over_per_client", "slow_headers", "slow_body"):
+        for reason in REFUSAL_REASONS:
             refused.add_metric([reason], lim.refusals.counts[reason])
         yield refused
 
