@@ -7,7 +7,7 @@ json_schema row is also run with the grammar masking all 49k candidates at every
 step ("mask-first", what a grammar inside the chain does) to show what the
 check-then-mask order (llama.cpp's common sampler's) saves.
 
-    .venv/bin/python -m tandem.bench.sampling_cost [--rounds 3] [--tokens 32]
+    python studies/sampling_cost.py [--rounds 3] [--tokens 32]
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ first, so it registers at once):
 The ratio start-up price / served rate per batch size is the accuracy (goal within
 +/-25 %). The machine is whatever it is: nothing else is stopped for the run.
 
-    python -m tandem.bench.startup --runs 3 --out startup.json
+    python studies/startup.py --runs 3 --out startup.json
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ machine whose load drifts favours neither), and times
 - a burst: ``--burst`` requests at once, ``--burst-prompt`` tokens each decoding
   ``--burst-tokens`` (ignore_eos): output tokens over the wall time of the burst.
 
-    python -m tandem.bench.threads --rounds 3 --out threads.json
+    python studies/threads.py --rounds 3 --out threads.json
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Measures, in one run on one machine:
 - aggregate decode tok/s at 1 and 4 concurrent requests, through tandem and
   through a raw low-level llama.cpp loop with the same threads and KV mode.
 
-    python -m tandem.bench.baseline --threads 2 --out docs/results/baseline-cpu.md
+    python studies/baseline.py --threads 2 --out docs/results/baseline-cpu.md
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def _report(
             f"Machine: {platform.processor() or platform.machine()}, {threads} threads; "
             f"model SmolLM2-135M-Instruct Q4_1; unified KV; median of {len(rows['cold'])} runs "
             "(all runs in parentheses). Command: "
-            f"`python -m tandem.bench.baseline --threads {threads} --n-out {n_out}`.",
+            f"`python studies/baseline.py --threads {threads} --n-out {n_out}`.",
             "",
             "| measure | value |",
             "| --- | --- |",

@@ -11,7 +11,7 @@ The HTTP side is a minimal asyncio SSE reader (no SDK) on kept-alive connections
 as SDKs pool theirs, so what is measured is the gateway, not a client library's
 parsing or TCP connection set-up.
 
-    python -m tandem.bench.gateway_overhead --backend sim --out docs/results/gateway-overhead.md
+    python studies/gateway_overhead.py --backend sim --out docs/results/gateway-overhead.md
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What encoding and decoding the router's hot frames costs, this tree against another.
 
-``python -m tandem.bench.wire_cost --before DIR`` times, in process, ``p.encode`` and
+``python studies/wire_cost.py --before DIR`` times, in process, ``p.encode`` and
 ``p.decode`` of the frames the router reads and writes most (a token delta, a step's
 deltas, a Submit, an Assign, a Done, a heartbeat), here and in ``DIR`` (a tree laid
 out as the installed package: ``DIR/tandem/common/protocol.py``; made with
@@ -69,14 +69,10 @@ def child() -> None:
 
 
 def run(tree: str | None) -> dict[str, list[float]]:
+    # This file's functions, run in a child against this tree's protocol or DIR's.
     code = "import sys; sys.path.insert(0, sys.argv[1]) if sys.argv[1] else None; "
-    code += "from tandem.bench.wire_cost import child; child()"
+    code += f"exec(open({__file__!r}).read().split('# --' + '-- main')[0]); child()"
     here = [sys.executable, "-c", code, tree or ""]
-    if tree:  # the other tree's protocol, this tree's bench
-        code = "import sys; sys.path.insert(0, sys.argv[1]); import tandem.common.protocol as p; "
-        code += f"exec(open({__file__!r}).read().split('# --' + '-- main')[0]); "
-        code += "child()"
-        here = [sys.executable, "-c", code, tree]
     done = subprocess.run(here, capture_output=True, text=True, check=True)
     return json.loads(done.stdout)
 

@@ -5,7 +5,7 @@ several batch sizes, (a) with mlx-lm's own ``BatchGenerator`` in this process an
 (b) through a real tandem cluster (router + one MLX worker process). Same model
 file, same device, same token counts.
 
-    python -m tandem.bench.mlx_compare --device gpu --batches 1,2,4,8,16 --out RESULT.md
+    python studies/mlx_compare.py --device gpu --batches 1,2,4,8,16 --out RESULT.md
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def main(
         "",
         f"Device: MLX {device} on {platform.node() or platform.machine()}; model "
         f"{Path(model).name}; {n_out} output tokens (EOS ignored); median of {repeats} runs. "
-        f"Command: `python -m tandem.bench.mlx_compare --device {device} --batches {batches} "
+        f"Command: `python studies/mlx_compare.py --device {device} --batches {batches} "
         f"--n-out {n_out} --prompt-len {prompt_len} --repeats {repeats}`.",
         "",
         "| measure | raw mlx-lm | tandem | tandem / raw |",

@@ -1,7 +1,7 @@
 """The prefix cache's tiers on a real llama.cpp worker (the embedded SmolLM2-135M, this CPU).
 
-    python -m tandem.bench.cache_tiers speed --out speed.json
-    python -m tandem.bench.cache_tiers conversation --out conversation.json
+    python studies/cache_tiers.py speed --out speed.json
+    python studies/cache_tiers.py conversation --out conversation.json
 
 ``speed``: side by side in one process, per prefix length: prefill (``llama_decode``
 of the tokens), save (``llama_state_seq_get_data``) and restore

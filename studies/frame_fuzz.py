@@ -1,6 +1,6 @@
 """Adversarial frames against a live router, on both sockets; its memory must stay flat.
 
-``python -m tandem.bench.frame_fuzz --frames 200000`` starts a router process (no
+``python studies/frame_fuzz.py --frames 200000`` starts a router process (no
 worker: nothing but the boundary is measured), then sends ``frames`` frames to its
 client socket and as many to its worker socket from a seeded corpus: values nested
 past the limit (up to 5,000 deep), headers claiming 4 G items, random bytes, every

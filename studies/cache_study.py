@@ -1,7 +1,7 @@
 """The prefix cache on the Mooncake trace, in the twin: today's cache, the memory-sized
 default, eviction by value against LRU, and the per-worker bound.
 
-    python -m tandem.twin.cache_study --limit 1000 --limit 0 --out /tmp/cache-study
+    python studies/cache_study.py --limit 1000 --limit 0 --out /tmp/cache-study
 
 Lengths / 16 and outputs / 4 (bench/trace.py), real arrival times, one H200 fleet
 (``sim:h200-gpu`` and ``sim:h200-cpu``, their profiles' memory: workers/memory.py

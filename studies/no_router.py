@@ -3,7 +3,7 @@
 is timed beside them for that share), the client library's calls, and the gateway's
 /health and a chat request. One JSON line per case on stdout, seconds per repeat.
 
-Run from the tree's root: python bench/no_router.py [REPEATS]
+Run from the tree's root: python studies/no_router.py [REPEATS]
 """
 
 from __future__ import annotations

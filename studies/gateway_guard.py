@@ -3,7 +3,7 @@ slowloris flood under a 1,024-descriptor limit, and clients whose keys are refus
 
 Uses only what both trees have (Cluster, the clients, raw sockets), so the one file
 runs on either. One JSON line per scenario on stdout. Run from a tree's root:
-python bench/gateway_guard.py (docs/results/reliability.md has both trees' lines).
+python studies/gateway_guard.py (docs/results/reliability.md has both trees' lines).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The router loop's longest stall while clients send the largest prompts it admits.
 
-``python -m tandem.bench.loop_stall`` starts a router and one sim worker (its
+``python studies/loop_stall.py`` starts a router and one sim worker (its
 tokenizer is the default model's), streams one small request, and once tokens
 flow sends ``--flood`` Submits of ``--chars`` characters each (16 x 1 Mi: the
 admission limit) from another socket. Every token frame of the small stream is
