@@ -6,6 +6,7 @@ downloaded) and lists its files against the package's rooms as pyproject maps th
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -31,8 +32,12 @@ def _rooms() -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def wheel_files(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    # Built from a copy: setuptools leaves build/ and egg-info beside the sources.
+    tree = tmp_path_factory.mktemp("tree") / "src"
+    skip = shutil.ignore_patterns(".*", "build", "*.egg-info", "__pycache__", "docs", "tests")
+    shutil.copytree(ROOT, tree, ignore=skip)
     out = tmp_path_factory.mktemp("wheel")
-    build = [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps"]
+    build = [sys.executable, "-m", "pip", "wheel", str(tree), "--no-deps"]
     build += ["--no-build-isolation", "-q", "-w", str(out)]
     subprocess.run(build, check=True, capture_output=True, timeout=240)
     (wheel,) = out.glob("*.whl")
