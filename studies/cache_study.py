@@ -28,7 +28,7 @@ from tandem.bench.workload import PromptBook, Workload
 from tandem.common.blocks import block_hashes
 from tandem.twin.cache import CacheSpec
 from tandem.twin.replay import TwinWorkerSpec, replay
-from tandem.workers.backends.sim import SimProfile
+from tandem.workers.device_model import SimProfile
 
 TRACE = str(Path(__file__).resolve().parents[2] / "shared/traces/mooncake_synthetic.jsonl")
 FLEET = ("h200-gpu", "h200-cpu")

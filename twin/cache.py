@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tandem.workers.backends.sim import SimProfile
+from tandem.workers.device_model import SimProfile
 from tandem.workers.host_cache import DEFAULT_CACHE_TOKENS
 from tandem.workers.memory import EMBEDDED_KV_BYTES, CachePlan, parse_bytes, plan
 from tandem.workers.prefix_cache import POLICIES

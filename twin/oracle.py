@@ -41,7 +41,7 @@ from tandem.bench.calibrate import group_served
 from tandem.bench.stats import summarize_runs
 from tandem.bench.workload import Arrival, PromptBook, Workload
 from tandem.twin.replay import TwinWorkerSpec, replay
-from tandem.workers.backends.sim import SimProfile
+from tandem.workers.device_model import SimProfile
 
 EXHAUSTIVE_MAX = 4096  # placements (workers ** requests) tried one by one
 DEFAULT_BUDGET = 400  # replays for patterns and a hill climb

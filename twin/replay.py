@@ -19,7 +19,7 @@ from tandem.twin.cache import CacheSpec
 from tandem.twin.device import Tail, TwinDevice
 from tandem.twin.loop import TwinLoop
 from tandem.twin.world import NO_DELAY, Links, TwinWorker, World
-from tandem.workers.backends.sim import SimProfile
+from tandem.workers.device_model import SimProfile
 from tandem.workers.engine import EngineConfig
 from tandem.workers.profiler import WarmUp, warm_up
 from tandem.workers.rates import measured_rates

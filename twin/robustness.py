@@ -33,7 +33,7 @@ from tandem.twin.device import Tail
 from tandem.twin.replay import TwinWorkerSpec, replay
 from tandem.twin.sim import router_options
 from tandem.twin.world import NO_DELAY, Links
-from tandem.workers.backends.sim import SimProfile
+from tandem.workers.device_model import SimProfile
 
 LIMIT_VS_CORRECT = 0.05
 LIMIT_VS_LEAST_LOADED = 0.02

@@ -22,7 +22,7 @@ from tandem.bench.workload import PromptBook, Workload
 from tandem.twin.cache import CacheSpec
 from tandem.twin.replay import TwinWorkerSpec, replay
 from tandem.twin.world import NO_DELAY, Links
-from tandem.workers.backends.sim import SimProfile
+from tandem.workers.device_model import SimProfile
 
 _FLAG_FIELDS = {"--step-tokens": "step_tokens", "--heartbeat-s": "heartbeat_s"}
 

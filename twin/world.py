@@ -21,7 +21,7 @@ from typing import Any
 
 from tandem.common import protocol as p
 from tandem.twin.device import Tail, twin_device
-from tandem.workers.backends.sim import SimProfile
+from tandem.workers.device_model import SimProfile
 from tandem.workers.engine import Engine, EngineConfig
 
 

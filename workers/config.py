@@ -7,9 +7,11 @@ import socket
 from dataclasses import dataclass, field
 
 from tandem.common.affinity import usable_cores
-from tandem.workers.backends import BACKENDS
 from tandem.workers.prefix_cache import POLICIES
 
+# The backends by name; workers/backends/__init__.py maps each to its class (and imports
+# this module: the names live here so that the config needs nothing of the registry).
+BACKENDS = ("llama.cpp", "mlx", "sim")
 WARMUP = ("auto", "quick", "on", "off")
 DEFAULT_PREFILL_TOK_S, DEFAULT_DECODE_TOK_S = 200.0, 50.0  # no profile, no flags: a guess
 

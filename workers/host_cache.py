@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.workers.config import EngineConfig, WorkerConfig
+from tandem.workers.device_model import SimProfile
 from tandem.workers.memory import CachePlan, ModelledMemory, kv_bytes_per_token, plan
 from tandem.workers.prefix_cache import HOST, Match, PrefixCache
 
@@ -108,8 +109,6 @@ def _modelled_memory(cfg: WorkerConfig) -> ModelledMemory | None:
     """The memory a sim worker's profile models, if it models one."""
     if cfg.backend != "sim" or not cfg.profile:
         return None
-    from tandem.workers.backends.sim import SimProfile
-
     return SimProfile.load(cfg.profile).memory
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tandem.launcher.cluster import Cluster, WorkerSpec
-from tandem.workers.backends.sim import BUNDLED_PROFILES
+from tandem.workers.device_model import BUNDLED_PROFILES
 from tests.helpers import LLAMA_ARGS, needs_llama
 
 openai = pytest.importorskip("openai")

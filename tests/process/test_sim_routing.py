@@ -23,7 +23,8 @@ from tandem.cli.main import main
 from tandem.common import protocol as p
 from tandem.common.protocol import SamplingParams
 from tandem.launcher.cluster import Cluster, WorkerSpec
-from tandem.workers.backends.sim import BUNDLED_PROFILES, SimBackend, SimProfile
+from tandem.workers.backends.sim import SimBackend
+from tandem.workers.device_model import BUNDLED_PROFILES, SimProfile
 from tandem.workers.engine import Engine, EngineConfig
 from tandem.workers.request import Request
 from tests.helpers import wait_for

@@ -24,7 +24,7 @@ from tandem.common import protocol as p
 from tandem.common.protocol import SamplingParams
 from tandem.twin.replay import TwinWorkerSpec, replay
 from tandem.twin.world import NO_DELAY, TwinWorker, World
-from tandem.workers.backends.sim import SimProfile
+from tandem.workers.device_model import SimProfile
 from tandem.workers.engine import EngineConfig
 from tandem.workers.request import Request
 

@@ -14,8 +14,8 @@ import pytest
 
 from tandem.common import protocol as p
 from tandem.twin.device import Tail, TwinDevice
-from tandem.workers.backends.sim import SimProfile
 from tandem.workers.config import EngineConfig
+from tandem.workers.device_model import SimProfile
 from tandem.workers.engine import Engine
 from tandem.workers.profiler import warm_up
 from tandem.workers.rates import measured_rates

@@ -18,8 +18,8 @@ from tandem.broker.registry import TRUSTED_STEPS, Claims, WorkerState, checked_p
 from tandem.common import protocol as p
 from tandem.common.steptime import StepModel, StepStats
 from tandem.twin.device import TwinDevice
-from tandem.workers.backends.sim import SimProfile
 from tandem.workers.config import DEFAULT_DECODE_TOK_S, WorkerConfig
+from tandem.workers.device_model import SimProfile
 from tandem.workers.profiler import WarmUp, warm_up
 from tandem.workers.rates import measured_rates
 from tandem.workers.sanity import FAR, judge

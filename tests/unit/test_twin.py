@@ -14,7 +14,7 @@ from tandem.bench.workload import PromptBook, Workload
 from tandem.cli.main import main
 from tandem.twin.replay import TwinWorkerSpec, replay
 from tandem.twin.world import Links
-from tandem.workers.backends.sim import SimProfile
+from tandem.workers.device_model import SimProfile
 
 
 def encode(text: str) -> list[int]:

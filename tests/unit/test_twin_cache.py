@@ -8,7 +8,7 @@ from tandem.bench.spec import parse_worker
 from tandem.twin.cache import WEIGHTS_BYTES, CacheSpec
 from tandem.twin.device import TwinLlamaDevice, twin_device
 from tandem.twin.sim import twin_spec
-from tandem.workers.backends.sim import SimProfile
+from tandem.workers.device_model import SimProfile
 from tandem.workers.engine import Engine
 from tandem.workers.memory import GIB, HOST_CAP_BYTES, LLAMA_CPU_DEVICE_TOKENS
 

@@ -11,9 +11,12 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from tandem.workers.config import BACKENDS, WorkerConfig
+
 if TYPE_CHECKING:
-    from tandem.workers.config import WorkerConfig
     from tandem.workers.engine import Backend
+
+__all__ = ["BACKENDS", "BackendClass", "backend_class", "build_backend"]
 
 
 class BackendClass(Protocol):
@@ -28,7 +31,6 @@ _REGISTRY = {
     "mlx": "tandem.workers.backends.mlx.backend:MlxBackend",
     "sim": "tandem.workers.backends.sim:SimBackend",
 }
-BACKENDS = tuple(_REGISTRY)
 
 
 def backend_class(name: str) -> BackendClass:
