@@ -84,6 +84,7 @@ class Refusal(StrEnum):
     BAD_FIELD = "bad_field"  # a field missing, unknown, mistyped or out of bounds
     VERSION = "version"  # another protocol version
     UNREADABLE = "unreadable"  # the decoder itself failed on it (any other exception)
+    OVER_CAPACITY = "over_capacity"  # a cache report listing more than the worker can hold
 
 
 _REASON_OF_CODE = {BAD_FRAME: Refusal.MALFORMED, VERSION_MISMATCH: Refusal.VERSION}
@@ -281,7 +282,9 @@ _STEP_KEYS = {"decode_batch": "b", "decode_step_s": "s", "decode_samples": "n",
 _Series = Meta(max_length=bounds.STEP_POINTS)
 _Sizes = Annotated[list[Annotated[int, Meta(ge=1, le=bounds.MAX_ACTIVE)]], _Series]
 _Chunks = Annotated[list[Annotated[int, Meta(ge=1, le=bounds.MAX_CHUNK)]], _Series]
-_StepSeconds = Annotated[list[Annotated[float, Meta(gt=0, le=bounds.MAX_STEP_S)]], _Series]
+_StepSeconds = Annotated[
+    list[Annotated[float, Meta(ge=bounds.MIN_STEP_S, le=bounds.MAX_STEP_S)]], _Series
+]
 _Rates = Annotated[list[Rate], _Series]
 _Samples = Annotated[list[Annotated[int, Meta(ge=1, le=bounds.COUNT_CAP)]], _Series]
 
