@@ -6,21 +6,25 @@ every frame below is one an outside peer could send.
 
 from __future__ import annotations
 
+import json
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from tandem.broker.policies import WorkerView
 from tandem.broker.policies.finish import predict_finish_s
 from tandem.broker.policies.views import RouteRequest
+from tandem.cli.main import main
+from tandem.cli.tables import workers_table
 from tandem.common import protocol as p
 from tandem.common.pricing import price
 from tandem.common.steptime import StepModel
 from tandem.common.validation import MAX_RATE_TOK_S, MIN_STEP_S
 from tests.helpers import Harness, fake_ready
+from tests.liar import HONEST, PREFILL_TOK_S, REAL_ROW_TOK_S, FakeWorker, Traffic
 
 
 def _status(h: Harness) -> p.StatusReply:
@@ -77,96 +81,58 @@ def test_nothing_derived_from_bounded_reports_is_inf_or_nan() -> None:
     assert predict_finish_s(RouteRequest(100, 10), view) >= 0
 
 
+def _explain_says_repriced(tmp_path: Path, rows: list[dict]) -> None:
+    """`tandem route explain` on a state built from status rows names the repricing."""
+    workers = [
+        {"id": w["id"], "prefill_rate": w["priced_prefill_tok_s"],
+         "decode_rate": w["priced_decode_tok_s"], "served": w["served"]}
+        for w in rows
+    ]  # fmt: skip
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps({"request": {"prompt_tokens": 40, "max_tokens": 20},
+                                "workers": workers}))  # fmt: skip
+    result = CliRunner().invoke(main, ["route", "explain", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert set(json.loads(result.stdout)["repriced"]) == {"liar"}
+    result = CliRunner().invoke(main, ["route", "explain", str(path)])
+    assert "repriced liar: its served tokens show" in result.stderr
+
+
 # ------------------------------------------------------------ a worker that lies
-REAL_ROW_TOK_S = 40.0  # what each fake serves per decoding row
-PREFILL_TOK_S = 4000.0
-
-
-@dataclass
-class FakeWorker:
-    """Serves at REAL_ROW_TOK_S per row, up to ``slots`` rows, whatever it claims."""
-
-    wid: str
-    slots: int
-    queue: list[tuple[str, int, int]] = field(default_factory=list)  # (wid, prompt, max)
-    rows: dict[str, list[float]] = field(default_factory=dict)  # wid -> [start, sent, max]
-    served: int = 0
-    hb_at: float = 0.0
-    seq: int = 0
-
-    def step(self, h: Harness, now: float) -> None:
-        sock = h.workers[self.wid]
-        while sock.poll(0):
-            msg = sock.recv()
-            if isinstance(msg, p.Assign):
-                self.queue.append((msg.request_id, len(msg.tokens), msg.sampling.max_tokens))
-        while self.queue and len(self.rows) < self.slots:
-            rid, prompt, budget = self.queue.pop(0)
-            self.rows[rid] = [now + prompt / PREFILL_TOK_S, 0, budget]
-        for rid, row in list(self.rows.items()):
-            due = min(row[2], 1 + int((now - row[0]) * REAL_ROW_TOK_S)) if now >= row[0] else 0
-            if due > row[1]:
-                sock.send(p.TokenDelta(rid, [7] * (due - int(row[1])), "x"))
-                row[1] = due
-            if row[1] >= row[2]:
-                sock.send(p.Done(rid, p.FinishReason.LENGTH, p.DoneStats(output_tokens=row[2])))
-                del self.rows[rid]
-                self.served += 1
-        if now - self.hb_at > 0.2:
-            self.hb_at, self.seq = now, self.seq + 1
-            cache = p.CacheReport(full=True, seq=self.seq)
-            sock.send(p.Heartbeat(self.wid, self.seq, [], [], 0, 8192, cache))
-
-
-def _drain_client(h: Harness, open_ids: set[str]) -> list[p.Accepted]:
-    """What the client was sent: Accepteds returned, Dones closing their requests."""
-    accepted = []
-    while h.client.poll(0):
-        msg = h.client.recv()
-        if isinstance(msg, p.Done):
-            open_ids.discard(msg.request_id)
-        elif isinstance(msg, p.Accepted):
-            accepted.append(msg)
-        else:
-            assert isinstance(msg, p.TokenDelta), msg
-    return accepted
-
-
 def test_a_worker_claiming_100x_its_speed_is_repriced_and_does_not_take_all_traffic(
     tmp_path: Path,
 ) -> None:
     h = Harness(tmp_path, policy="finish_time")
-    honest = [REAL_ROW_TOK_S * b for b in range(1, 5)]
     try:
-        h.add_worker("honest", (PREFILL_TOK_S, honest), max_active=4)
-        h.add_worker("liar", (PREFILL_TOK_S * 100, [x * 100 for x in honest]), max_active=4)
-        fakes = [FakeWorker("honest", 4), FakeWorker("liar", 4)]
-        routed: list[tuple[str, bool]] = []  # (worker, liar repriced when routed)
-        open_ids: set[str] = set()
+        h.add_worker("honest", (PREFILL_TOK_S, HONEST), max_active=4)
+        h.add_worker("liar", (PREFILL_TOK_S * 100, [x * 100 for x in HONEST]), max_active=4)
+        fakes = [FakeWorker(wid, h.workers[wid]) for wid in ("honest", "liar")]
+        traffic = Traffic(h.client)
+        repriced_at: list[bool] = []  # whether the liar was repriced as each was routed
         deadline = time.monotonic() + 60
-        while len(routed) < 90 and time.monotonic() < deadline:
-            while len(open_ids) < 6 and len(routed) < 90:
-                rid = f"r{len(routed)}"
-                h.client.send(p.Submit(rid, tokens=[3] * 40, sampling=p.SamplingParams(20)))
+        while len(traffic.routed) < 90 and time.monotonic() < deadline:
+            while len(traffic.open) < traffic.concurrency and traffic.sent < 90:
+                traffic.submit_one()
                 h.pump()
-                accepted = _drain_client(h, open_ids)
-                assert len(accepted) == 1, accepted
-                routed.append((accepted[0].worker_id, h.core.workers["liar"].served.repriced))
-                open_ids.add(rid)
+                assert len(traffic.read()) == 1
+                repriced_at.append(h.core.workers["liar"].served.repriced)
             now = time.monotonic()
             for f in fakes:
-                f.step(h, now)
+                f.step(now)
             h.pump()
-            _drain_client(h, open_ids)
+            traffic.read()
             time.sleep(0.005)
-        liar = next(w for w in _status(h).workers if w["id"] == "liar")
+        reply = _status(h)
+        liar = next(w for w in reply.workers if w["id"] == "liar")
         assert "repriced" in liar["served"], liar["served"]
+        assert "! liar: repriced: its served tokens show" in workers_table(reply)
+        _explain_says_repriced(tmp_path, reply.workers)
         priced = liar["priced_decode_tok_s"]
         assert REAL_ROW_TOK_S / 3 < priced[0] < REAL_ROW_TOK_S * 3, priced  # near its real
-        after = [wid for wid, repriced in routed if repriced]
-        assert len(after) >= 30, routed
+        after = [wid for wid, r in zip(traffic.routed, repriced_at, strict=True) if r]
+        assert len(after) >= 30, repriced_at
         assert after.count("honest") >= len(after) // 4, after  # it shares, once repriced
-        assert {wid for wid, _ in routed} == {"honest", "liar"}
+        assert set(traffic.routed) == {"honest", "liar"}
     finally:
         h.close()
 
