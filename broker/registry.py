@@ -60,7 +60,8 @@ class Routed:
         budget = 0 if self.prefill_only else self.max_tokens - self.tokens_seen
         if reported is None:  # not in a heartbeat yet: keep what routing assumed
             return Load(self.prompt_tokens - self.cached_estimate, budget)
-        prefill = reported.prefill_remaining
+        # The worker's word, held to what the router knows: no more than the prompt.
+        prefill = min(reported.prefill_remaining, self.prompt_tokens)
         if self.tokens_seen:  # it already produced tokens: its prefill is over, whatever
             prefill = 0  # a heartbeat sent before that still says
         elif queued:

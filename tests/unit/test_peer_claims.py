@@ -72,6 +72,22 @@ def test_a_step_under_a_microsecond_and_a_rate_past_any_device_are_refused(
         h.close()
 
 
+def test_a_heartbeat_row_claiming_more_work_than_its_request_is_held_to_it(
+    tmp_path: Path,
+) -> None:
+    h = Harness(tmp_path)
+    try:
+        h.add_worker("w", (1000.0, [50.0]), max_active=1)
+        h.submit("r", [5] * 40, max_tokens=8)
+        wid = h.assigned("w").request_id
+        huge = 1 << 40  # within the wire's counters, past anything the request holds
+        h.heartbeat("w", 1, queued=[p.RequestRow(wid, huge, 0, huge, huge)])
+        (load,) = h.view("w", [1, 2, 3]).queued
+        assert load.prefill_remaining <= 40 and load.decode_remaining <= 8
+    finally:
+        h.close()
+
+
 def test_nothing_derived_from_bounded_reports_is_inf_or_nan() -> None:
     fastest = StepModel((1, 4096), (MIN_STEP_S, MIN_STEP_S), (64, 64))
     rates = price(MAX_RATE_TOK_S, [MAX_RATE_TOK_S] * 4096, 4096, fastest)
