@@ -3,7 +3,8 @@
 A worker's prefix-cache report (common/blocks.py) lists block hashes the router
 keeps for routing. A worker can hold at most its declared capacity: the KV cells
 of its context plus its prefix cache's tiers, in blocks (each heartbeat says
-them), and never more than MAX_CACHE_BLOCKS, whatever it declares. A report that
+them), and never more than MAX_CACHE_BLOCKS (a list longer than that is refused
+by the decoder), whatever it declares. A report that
 would list more is refused whole (the last good listing stays), counted as an
 ``over_capacity`` rejected frame, and a full resync is asked: a worker that sent
 100,000 new hashes every 50 ms grew the router by gigabytes before this bound
@@ -14,10 +15,7 @@ from __future__ import annotations
 
 from tandem.common import protocol as p
 from tandem.common.blocks import CacheView
-
-# Blocks one worker's listing may hold, whatever it declares: 8.4 M tokens in blocks
-# of 16, more than any device and host tier serve today; ~60 MB of the router's memory.
-MAX_CACHE_BLOCKS = 1 << 19
+from tandem.common.validation import MAX_CACHE_BLOCKS  # whatever a worker declares
 
 
 def cache_limit_blocks(hb: p.Heartbeat, block_size: int) -> int:

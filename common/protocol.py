@@ -242,6 +242,8 @@ class TokenLogprob(Struct, frozen=True):
 
 
 BlockHash = Annotated[int, Meta(ge=0)]  # 63-bit chained block hashes (common/blocks.py)
+# A listing or delta of them: at most what any worker's listing may hold.
+BlockHashes = Annotated[list[BlockHash], Meta(max_length=bounds.MAX_CACHE_BLOCKS)]
 
 
 class CacheTiers(Struct, frozen=True):
@@ -267,10 +269,10 @@ class CacheReport(Struct, frozen=True):
 
     full: bool
     seq: Count
-    blocks: list[BlockHash] = []
+    blocks: BlockHashes = []
     base: Count = 0
-    added: list[BlockHash] = []
-    removed: list[BlockHash] = []
+    added: BlockHashes = []
+    removed: BlockHashes = []
     device: CacheReport | None = None
     restore_tok_s: Annotated[float, Meta(ge=0, le=bounds.MAX_FLOAT)] = 0.0
     tiers: CacheTiers | None = None

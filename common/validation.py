@@ -55,6 +55,9 @@ MIN_STEP_S = 1e-6  # no engine step is shorter: one kernel launch takes longer
 MAX_CONTEXT = 10_000_000  # tokens of context per row
 COUNT_CAP = 1_000_000  # sample counters stop here (they only weigh evidence)
 MAX_CHUNK = 1 << 30  # prompt tokens in a prefill chunk bucket
+# Block hashes one cache listing may hold: 8.4 M tokens in blocks of 16, more than any
+# device and host tier serve today; ~60 MB of the router's memory (broker/peerbounds.py).
+MAX_CACHE_BLOCKS = 1 << 19
 MAX_FLOAT = sys.float_info.max  # ``le=MAX_FLOAT`` refuses infinity; every bound refuses NaN
 
 # The bounded types the messages are declared with (common/protocol.py).

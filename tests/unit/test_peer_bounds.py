@@ -52,6 +52,10 @@ def test_a_flood_of_delta_cache_reports_is_held_to_the_declared_capacity(tmp_pat
         big = p.CacheReport(full=True, seq=50, blocks=list(range(limit + 1)))
         assert any(isinstance(m, p.ResyncCache) for m in _beat(h, "flood", big, 50))
         assert len(w.cache.held) <= limit
+        # A listing longer than any worker's may be is refused by the decoder itself.
+        huge = p.CacheReport(full=True, seq=51, blocks=list(range(MAX_CACHE_BLOCKS + 1)))
+        (refused,) = _beat(h, "flood", huge, 51)
+        assert isinstance(refused, p.Error) and "cache.blocks" in refused.message
     finally:
         h.close()
 
