@@ -86,6 +86,7 @@ class RouterProcess:
                 return
             except TandemError:
                 if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.stop()  # none left behind
                     raise
                 time.sleep(0.5)
 
