@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from tandem.broker.admission import AdmissionConfig
 from tandem.broker.calibration import DECODE_ESTIMATES
 from tandem.broker.policies import DEFAULT_POLICY, parse_policy
+from tandem.common.peerlimit import MAX_PER_ADDRESS
 from tandem.common.settings import Addresses
 
 
@@ -33,6 +34,8 @@ class RouterConfig:
     # The most the loop polls without sleeping after a turn, adapted to the traffic
     # (broker/spin.py): a sleeping thread can wake 1-2 ms late on a VM; 0: never poll.
     spin_us: float = 2000.0
+    # Connections one peer address may hold on each socket (common/peerlimit.py).
+    max_connections_per_address: int = MAX_PER_ADDRESS
 
     def __post_init__(self) -> None:
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
@@ -42,6 +45,8 @@ class RouterConfig:
             raise ValueError(f"decode_estimate must be one of {DECODE_ESTIMATES}")
         if not 0 <= self.spin_us <= 10_000:
             raise ValueError("spin_us must be in 0..10000")
+        if self.max_connections_per_address < 1:
+            raise ValueError("max_connections_per_address must be >= 1")
         if not 0 <= self.accept_hold_ms <= 1000:
             raise ValueError("accept_hold_ms must be in 0..1000")
         if self.liveness_s <= 0 or self.no_worker_wait_s < 0 or self.no_progress_s <= 0:

@@ -19,10 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import zmq
-
-from tandem.common.transport import monitor_socket
-
 STALL_S = 0.5  # a loop turn longer than this gives every worker a fresh window
 PROBE_AFTER_S = (0.0, 0.05, 0.25, 1.0)  # after a disconnect event
 
@@ -95,8 +91,3 @@ class Liveness:
         due = [t for t in self.probes if t <= now]
         self.probes = [t for t in self.probes if t > now]
         return bool(due)
-
-
-def disconnect_monitor(sock: zmq.Socket) -> zmq.Socket:
-    """A PAIR socket that receives ``sock``'s disconnect events."""
-    return monitor_socket(sock, zmq.EVENT_DISCONNECTED)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from itertools import repeat
 
 from tandem.broker.identity import foreign_frame, takeover_problem
+from tandem.broker.peerbounds import cache_limit_blocks, cache_overflow
 from tandem.broker.registry import WorkerState, ready_problem
 from tandem.common import protocol as p
 from tandem.common.tokenizer import TextTokenizer, TokenizerSpec
@@ -73,7 +74,15 @@ class Membership(CoreState):
         problem = w.update_steps(msg.steps) if msg.steps is not None else None
         if problem:  # routing goes on with the last good model
             log.warning("worker %s sent an unusable step model: %s", w.id, problem)
-        if not w.cache.apply(msg.cache, now):
+        limit = cache_limit_blocks(msg, w.info.block_size)
+        over = cache_overflow(w.cache, msg.cache, limit)
+        if over is not None:  # refused whole: the last good listing stays
+            self.refusals.refused(p.Refusal.OVER_CAPACITY, "worker %s: a cache report of %d "
+                                  "blocks, past the %d it can hold: refused, resync asked",
+                                  w.id, over, limit)  # fmt: skip
+            self.metrics.on_rejected("worker", p.Refusal.OVER_CAPACITY)
+            self.out.to_worker(w.identity, p.ResyncCache())
+        elif not w.cache.apply(msg.cache, now):
             self.out.to_worker(w.identity, p.ResyncCache())
         self.metrics.on_heartbeat(w, w.rates(self.cfg.calibrate))
 
@@ -190,6 +199,7 @@ class Membership(CoreState):
         clients without a message object per delta (they go out at ``drained``); what
         is per worker is done once per frame."""
         relayed, n_tokens, requests = 0, 0, self.requests
+        decode_n = prompt_n = firsts = 0  # the work they show (broker/observed.py)
         lps = repeat(None, len(wids)) if logprobs is None else logprobs
         for wid, token_ids, text, lp in zip(wids, ids, texts, lps, strict=True):
             req = requests.get(wid)
@@ -203,11 +213,18 @@ class Membership(CoreState):
             relayed, n_tokens = relayed + 1, n_tokens + len(token_ids)
             routed = w.inflight.get(wid)
             if routed is not None:
+                if routed.tokens_seen:
+                    decode_n += len(token_ids)
+                elif token_ids:  # its first: the prompt's work, then decode steps
+                    decode_n, firsts = decode_n + len(token_ids) - 1, firsts + 1
+                    prompt_n += max(1, routed.prompt_tokens - routed.cached_estimate)
                 routed.tokens_seen += len(token_ids)
                 w.progressed(wid)  # its decode budget shrank: recomputed at the next view
             if req.submit.stream:  # sent at the end of this drain, with any others of it
                 self.outbox.add(w, req, token_ids, text, lp)
         if relayed:
+            since = self._busy_since(w, now) if w.served.idle else None
+            w.served_work(now, since, (decode_n, prompt_n, firsts), self.cfg.calibrate)
             self.liveness.on_output(w.id, now)
             # Counted once the tokens have left (settle), as the other metrics hooks.
             self.settling.append((self.metrics.on_tokens, (w.id, n_tokens)))
@@ -234,6 +251,7 @@ class Membership(CoreState):
         self.liveness.on_output(w.id, now)
         if isinstance(msg, p.Done):
             w.finished(wid or "", now)  # its prompt is cached there: before _forget untracks
+            self._served_done(w, wid or "", now)
         self._forget(w, req)
         self.admission.on_done(now)
         if isinstance(msg, p.Done):
@@ -245,6 +263,21 @@ class Membership(CoreState):
         else:
             self.out.to_client(req.client, p.Error(msg.code, msg.message, sub.request_id))
             self.metrics.on_outcome(req.policy, msg.code)
+
+    def _busy_since(self, w: WorkerState, now: float) -> float:
+        """When ``w``, idle at its last event, took the requests it holds."""
+        held = (self.requests.get(wid) for wid in w.inflight)
+        return min((r.t_assigned for r in held if r is not None), default=now)
+
+    def _served_done(self, w: WorkerState, wid: str, now: float) -> None:
+        """A Done closes its request's work: a request that gave no token (its prompt
+        only cached) delivered its prompt's (broker/observed.py)."""
+        routed = w.inflight.get(wid)
+        prompt_n = 0
+        if routed is not None and not routed.tokens_seen:
+            prompt_n = max(1, routed.prompt_tokens - routed.cached_estimate)
+        since = self._busy_since(w, now) if w.served.idle else None
+        w.served_work(now, since, (0, prompt_n, 0), self.cfg.calibrate)
 
     # ------------------------------------------------------------ giving workers up
     def tick(self, now: float) -> None:

@@ -93,6 +93,13 @@ class RouterMetrics:
             ["source", "reason"],
             registry=r,
         )
+        self.connections_refused = Counter(
+            "tandem_connections_refused",
+            "Connections refused at the handshake: their address already held the most "
+            "connections one address may on that socket (workers or clients).",
+            ["socket"],
+            registry=r,
+        )
         self.ttft = _Histogram(
             "tandem_time_to_first_token_seconds",
             "Submit received to first token relayed.",
@@ -149,6 +156,16 @@ class RouterMetrics:
             "1 while the worker is priced on rates its served steps have not yet borne out "
             "(a stored profile or a quick start-up measurement), else 0.",
         )
+        self.g_served = gauge(
+            "served_ratio",
+            "Work its relayed tokens show per busy second, valued at its own claimed rates "
+            "(median of recent windows: about 1 when its claims hold; broker/observed.py).",
+        )
+        self.g_repriced = gauge(
+            "repriced",
+            "1 while the worker is priced below its claims because its served tokens do not "
+            "bear them out (served_ratio below 1/3), else 0.",
+        )
         self.g_prefill = gauge(
             "prefill_tokens_per_second", "Prefill rate: advertised or priced.", "source"
         )
@@ -170,6 +187,8 @@ class RouterMetrics:
             self.g_cache_cap,
             self.g_cache_bytes,
             self.g_provisional,
+            self.g_served,
+            self.g_repriced,
             self.g_prefill,
             self.g_decode,
         )
@@ -226,6 +245,10 @@ class RouterMetrics:
         self.requests.inc((outcome, policy or "none"))
         self.totals["requests_ended"] += 1
 
+    def on_connection_refused(self, socket: str) -> None:
+        """A connection refused for its address's count (the ZAP thread calls it)."""
+        self.connections_refused.labels(socket).inc()
+
     def on_rejected(self, source: str, reason: str) -> None:
         """A refused frame; ``reason``: a ``protocol.Refusal`` (a small fixed set)."""
         self.rejected.labels(source, reason).inc()
@@ -251,11 +274,14 @@ class RouterMetrics:
                 self.g_kv_usage.labels(wid),
                 self.g_blocks.labels(wid),
                 self.g_provisional.labels(wid),
+                self.g_served.labels(wid),
+                self.g_repriced.labels(wid),
                 rates={},
             )
         cap = hb.kv_capacity_tokens
         now = (len(hb.active), len(hb.queued), len(w.inflight), hb.kv_used_tokens, cap,
-               len(w.cache.held), int(w.provisional))  # fmt: skip
+               len(w.cache.held), int(w.provisional), w.served.ratio or 0.0,
+               int(w.served.repriced))  # fmt: skip
         if now != g.last:  # an idle worker's heartbeats change nothing here
             g.last = now
             g.active.set(now[0])
@@ -266,6 +292,8 @@ class RouterMetrics:
             g.kv_usage.set(hb.kv_used_tokens / cap if cap else 0.0)
             g.blocks.set(now[5])
             g.provisional.set(now[6])
+            g.served.set(now[7])
+            g.repriced.set(now[8])
         self._tiers(g, wid, w.cache.tiers)
         self._rates(g, wid, "advertised", w.info.prefill_tok_s, w.info.decode_tok_s)
         self._rates(g, wid, "priced", priced.prefill_tok_s, priced.decode_tok_s)
@@ -442,6 +470,8 @@ class _WorkerGauges:
     kv_usage: Any
     blocks: Any
     provisional: Any
+    served: Any
+    repriced: Any
     rates: dict[str, tuple[float, tuple[float, ...]]]
-    last: tuple[int, ...] = ()  # the values last set
+    last: tuple[float, ...] = ()  # the values last set
     tiers: dict[str, int] = field(default_factory=dict)  # the cache tiers last set

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from tandem.broker.loads import Loads
+from tandem.broker.observed import Served
 from tandem.broker.policies import Load, WorkerView
 from tandem.common import protocol as p
 from tandem.common.blocks import CacheView, block_hashes, matched_tokens
@@ -59,7 +60,8 @@ class Routed:
         budget = 0 if self.prefill_only else self.max_tokens - self.tokens_seen
         if reported is None:  # not in a heartbeat yet: keep what routing assumed
             return Load(self.prompt_tokens - self.cached_estimate, budget)
-        prefill = reported.prefill_remaining
+        # The worker's word, held to what the router knows: no more than the prompt.
+        prefill = min(reported.prefill_remaining, self.prompt_tokens)
         if self.tokens_seen:  # it already produced tokens: its prefill is over, whatever
             prefill = 0  # a heartbeat sent before that still says
         elif queued:
@@ -83,6 +85,8 @@ class WorkerState:
     loads: Loads = field(default_factory=Loads)  # the ledger as Loads, kept by the router
     steps: StepModel | None = None  # the worker's live step-time model, last one received
     _rates: dict[bool, Rates] = field(default_factory=dict)  # by "live": dropped on new steps
+    _claims: dict[bool, Rates] = field(default_factory=dict)  # the same, before ``served``
+    served: Served = field(default_factory=Served)  # its claims against its tokens (observed.py)
     # Requests the router lets it hold (Admission.inflight_cap, set on registration).
     inflight_cap: int = 1 << 62
     # (version, calibration version, view): its last view, kept by broker/ledger.py.
@@ -110,7 +114,11 @@ class WorkerState:
 
     def untrack(self, wid: str) -> None:
         """``wid`` finished, was cancelled or lost."""
-        self.inflight.pop(wid, None)
+        routed = self.inflight.pop(wid, None)
+        if routed is not None and routed.tokens_seen:
+            self.served.decoding -= 1
+        if not self.inflight:
+            self.served.idle = True  # from some time since its last event: not counted
         self.loads.drop(wid)
         self.version += 1
 
@@ -149,19 +157,45 @@ class WorkerState:
         except ValueError as exc:
             return str(exc)
         self._rates.clear()
+        self._claims.clear()
         self.version += 1
         return None
 
     def rates(self, live: bool = True) -> Rates:
-        """Prices: the profile repaired, with the live step model when ``live``."""
+        """Prices: its claims (``claimed_rates``), scaled to what it serves when they
+        are not borne out (broker/observed.py)."""
         if live not in self._rates:
+            self._rates[live] = self.served.priced(self.claimed_rates(live))
+        return self._rates[live]
+
+    def claimed_rates(self, live: bool = True) -> Rates:
+        """Its word: the profile repaired, with the live step model when ``live``."""
+        if live not in self._claims:
             info = self.info
             model = self.steps if live else None
             prior = info.decode_tok_s
             if info.provisional and model is not None:
                 prior = checked_prior(prior, model)
-            self._rates[live] = price(info.prefill_tok_s, prior, info.max_active, model)
-        return self._rates[live]
+            self._claims[live] = price(info.prefill_tok_s, prior, info.max_active, model)
+        return self._claims[live]
+
+    def served_work(
+        self, now: float, busy_since: float | None, tokens: tuple[int, int, int], live: bool
+    ) -> None:
+        """Relayed at ``now``: ``tokens`` = (decode tokens of rows already decoding,
+        uncached prompt tokens of requests that gave their first token, how many
+        did); ``busy_since``: when it went busy, if it was idle (broker/observed.py)."""
+        decode_tokens, prompt_tokens, firsts = tokens
+        s = self.served
+        s.elapse(now, busy_since)
+        claimed = self.claimed_rates(live)
+        rows = min(max(1, s.decoding), len(claimed.decode_tok_s))
+        work_s = decode_tokens / claimed.decode_tok_s[rows - 1]
+        if s.credit(work_s + prompt_tokens / claimed.prefill_tok_s):
+            self._rates.clear()  # repriced (or no longer): views key on ``version``
+            self.version += 1
+        s.decoding += firsts
+        s.settle(now, bool(self.inflight))
 
     @property
     def live_steps(self) -> int:
@@ -275,6 +309,7 @@ class WorkerState:
             "priced_prefill_tok_s": round(rates.prefill_tok_s, 2),
             "priced_decode_tok_s": [round(x, 2) for x in rates.decode_tok_s],
             "profile_repaired": list(rates.repaired),
+            "served": self.served.describe(),
             "last_seen_s": round(now - self.last_seen, 3),
             "requests": [msgspec.structs.asdict(r) for r in hb.active + hb.queued] if hb else [],
         }
@@ -332,7 +367,9 @@ class Claims:
 
 
 def _rounded(x: float | None) -> float | None:
-    return None if x is None else round(x, 2)
+    # None for what is not a finite number: one bad row must not make the whole
+    # status reply unsendable (its decoder refuses inf and NaN).
+    return None if x is None or not math.isfinite(x) else round(x, 2)
 
 
 def ready_problem(

@@ -27,13 +27,13 @@ from tandem.broker.admission import WORKER_FRAME_BYTES
 from tandem.broker.config import RouterConfig
 from tandem.broker.core import RouterCore
 from tandem.broker.decisions import DecisionLog
-from tandem.broker.liveness import disconnect_monitor
 from tandem.broker.outgoing import Held
 from tandem.broker.spin import AdaptiveSpin
 from tandem.broker.tokenize import Tokenizing
 from tandem.common import auth
 from tandem.common import protocol as p
-from tandem.common.transport import RouterSocket, close_monitor, drain_events
+from tandem.common.peerlimit import TRACKED, PeerLimit, drain
+from tandem.common.transport import RouterSocket, close_monitor, monitor_socket
 
 __all__ = ["Router", "RouterConfig"]
 
@@ -55,16 +55,22 @@ class Router:
     def __init__(self, cfg: RouterConfig) -> None:
         self.cfg = cfg
         adm = cfg.admission
-        self.guard = auth.RouterGuard.start(cfg.keys, cfg.addresses)
+        peers = PeerLimit(cfg.max_connections_per_address)
+        self.guard = auth.RouterGuard.start(cfg.keys, cfg.addresses, peers)
+        self.peers = peers
         self.client_sock = RouterSocket(
             cfg.addresses.client, adm.max_frame_bytes, self.guard.setup("clients")
         )
         self.worker_sock = RouterSocket(
             cfg.addresses.worker, WORKER_FRAME_BYTES, self.guard.setup("workers")
         )
-        self._monitor = disconnect_monitor(self.worker_sock.sock)
+        # Connections opened and closed: liveness probes workers on a close; both
+        # sockets' count per peer address (common/peerlimit.py).
+        self._monitor = monitor_socket(self.worker_sock.sock, TRACKED)
+        self._client_monitor = monitor_socket(self.client_sock.sock, TRACKED)
         self.tokenizing = Tokenizing()  # large prompts, tokenized beside the loop
         self.core = RouterCore(cfg, offload=self.tokenizing)
+        peers.on_refused = self.core.metrics.on_connection_refused
         self.decisions = DecisionLog(cfg.decision_log) if cfg.decision_log else None
         self.spin = AdaptiveSpin(cfg.spin_us / 1e6)
 
@@ -77,6 +83,7 @@ class Router:
         log.info("router: clients on %s, workers on %s, policy %s", self.client_sock.address,
                  self.worker_sock.address, core.policy.name)  # fmt: skip
         poller.register(self._monitor, zmq.POLLIN)
+        poller.register(self._client_monitor, zmq.POLLIN)
         poller.register(self.tokenizing.fd, zmq.POLLIN)
         client_wake = zmq.Poller()
         client_wake.register(self.client_sock.sock, zmq.POLLIN)
@@ -108,6 +115,7 @@ class Router:
 
     def close(self) -> None:
         close_monitor(self.worker_sock.sock, self._monitor)
+        close_monitor(self.client_sock.sock, self._client_monitor)
         self.client_sock.close()
         self.worker_sock.close()
         self.guard.stop()
@@ -155,7 +163,10 @@ class Router:
         every one.
         """
         core, now = self.core, time.monotonic()
-        if (ready is None or self._monitor in ready) and drain_events(self._monitor):
+        if ready is None or self._client_monitor in ready:
+            drain(self._client_monitor, "clients", self.peers)
+        watch = ready is None or self._monitor in ready
+        if watch and drain(self._monitor, "workers", self.peers):
             core.disconnected(now)
         if core.liveness.probes:  # an unreachable worker is dropped as its Welcome fails
             core.probe(now)

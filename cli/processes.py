@@ -79,6 +79,7 @@ R, E, W, A = RouterConfig, EngineConfig, WorkerConfig, AdmissionConfig
 @field_option(R, "no_progress_s", "Expire a worker holding requests with no progress this long.")
 @field_option(R, "accept_hold_ms", "Hold a request's Accepted this long for its first output.")
 @field_option(R, "spin_us", "Poll at most this long before sleeping, adapted to traffic; 0: off.")
+@field_option(R, "max_connections_per_address", "Connections one peer address may hold per socket.")
 @keys_option
 def router(
     client_addr: str,
@@ -98,6 +99,7 @@ def router(
     no_progress_s: float,
     accept_hold_ms: float,
     spin_us: float,
+    max_connections_per_address: int,
     keys: str | None,
 ) -> None:
     """Run the router."""
@@ -125,6 +127,7 @@ def router(
             no_progress_s=no_progress_s,
             accept_hold_ms=accept_hold_ms,
             spin_us=spin_us,
+            max_connections_per_address=max_connections_per_address,
             keys=str(keys_dir(keys)) if keys else None,
         )
     except ValueError as exc:

@@ -38,8 +38,10 @@ def explain(state_file: Any, policy: str, as_json: bool) -> None:
     STATE_FILE: {"request": {"prompt_tokens", "max_tokens", "needs"?: [capability]},
     "workers": [{"id", "prefill_rate", "decode_rate" (tok/s, or a list by batch size),
     "cached_tokens", "capabilities"?: [...], "active": [{"prefill_remaining",
-    "decode_remaining"}], "queued": [...]}]}. A worker without a capability the request
-    needs is excluded before scoring, as the router does.
+    "decode_remaining"}], "queued": [...], "served"?: {...}}]}. A worker without a
+    capability the request needs is excluded before scoring, as the router does. A
+    worker's "served" (as `tandem status --json` rows carry it) says why its rates
+    were repriced below its claims, when they were.
     """
     from tandem.broker.policies import NoCandidate, parse_policy
     from tandem.broker.policies.cost import phase_terms
@@ -56,9 +58,11 @@ def explain(state_file: Any, policy: str, as_json: bool) -> None:
         decision = chooser.choose(req, views)  # the router's live path calls the same
     except (json.JSONDecodeError, ValueError, NoCandidate) as exc:
         raise click.UsageError(f"{state_file.name}: {exc}") from None
+    repriced = _repriced(state)
     if as_json:
         out: dict[str, Any] = {"choice": decision.worker_id, "scores": decision.scores}
-        click.echo(json.dumps(out | ({"excluded": excluded} if excluded else {})))
+        out |= {"excluded": excluded} if excluded else {}
+        click.echo(json.dumps(out | ({"repriced": repriced} if repriced else {})))
         return
     rows = []
     for v in views:
@@ -77,7 +81,19 @@ def explain(state_file: Any, policy: str, as_json: bool) -> None:
         f"policy {chooser.name}; choice {decision.worker_id} (*)"
     )
     why = [f"excluded {wid}: {reason}" for wid, reason in excluded.items()]
+    why += [f"repriced {wid}: {reason}" for wid, reason in repriced.items()]
     click.echo("\n".join([head, render(headers, rows), *why]), err=True)
+
+
+def _repriced(state: dict[str, Any]) -> dict[str, str]:
+    """Why workers of a STATE document are priced below their claims (their status
+    rows' ``served.repriced``: broker/observed.py), by id."""
+    out = {}
+    for w in state["workers"]:
+        served = w.get("served")
+        if isinstance(served, dict) and served.get("repriced"):
+            out[str(w["id"])] = str(served["repriced"])
+    return out
 
 
 def _excluded(state: dict[str, Any]) -> dict[str, str]:

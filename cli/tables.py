@@ -57,6 +57,11 @@ def workers_table(reply: p.StatusReply) -> str:
         for w in reply.workers
         if w.get("provisional")
     ]
+    notes += [
+        f"! {w['id']}: repriced: {w['served']['repriced']}"
+        for w in reply.workers
+        if (w.get("served") or {}).get("repriced")
+    ]
     notes.append(CAPABILITIES_LEGEND)
     tables = [head, render(headers, rows), *notes, *starting]
     return "\n".join([*tables, "", rates_table(reply.workers)])

@@ -10,27 +10,29 @@ A keys folder, made by ``tandem keys DIR`` and named by ``--keys DIR`` or
     workers/*.key         public keys the router accepts on its worker socket
     clients/*.key         public keys the router accepts on its client socket
 
-With keys, the router runs a ZAP authenticator (pyzmq's ``zmq.auth``) that lets
+With keys, the router's ZAP handler (pyzmq's ``zmq.auth``, common/zapgate.py) lets
 a connection in only when its public key is in the folder for that socket, and
 all traffic is encrypted; anyone else's handshake fails before a single frame
 reaches the router. Without keys nothing is authenticated, and the router warns
-when it listens on an address other hosts can reach.
+when it listens on an address other hosts can reach. Keys or not, the same
+handler caps the connections one peer address holds (common/peerlimit.py).
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import zmq
 import zmq.auth
-from zmq.auth.thread import ThreadAuthenticator
 
+from tandem.common.peerlimit import PeerLimit
 from tandem.common.settings import Addresses, env_str
-from tandem.common.transport import Setup, context
+from tandem.common.transport import Setup
+from tandem.common.zapgate import close_domains, open_domains
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +88,20 @@ def exposed(address: str) -> bool:
 
 @dataclass
 class RouterGuard:
-    """The router's side: CURVE server options per socket and the ZAP authenticator."""
+    """The router's side: CURVE server options per socket and the ZAP domains
+    (common/zapgate.py) through which every new connection passes, keys or not: the
+    cap on connections per peer address (``peers``), then the key check."""
 
     folder: Path | None = None
-    authenticator: ThreadAuthenticator | None = None
+    domains: dict[str, str] = field(default_factory=dict)  # socket -> its ZAP domain
+    peers: PeerLimit = field(default_factory=PeerLimit)
 
     @classmethod
-    def start(cls, keys: str | None, addresses: Addresses) -> RouterGuard:
+    def start(
+        cls, keys: str | None, addresses: Addresses, peers: PeerLimit | None = None
+    ) -> RouterGuard:
         folder = keys_dir(keys)
+        peers = peers if peers is not None else PeerLimit()
         if folder is None:
             for addr in (addresses.client, addresses.worker):
                 if exposed(addr):
@@ -103,33 +111,30 @@ class RouterGuard:
                         "`tandem keys DIR` and pass --keys DIR (docs/SECURITY.md).",
                         addr,
                     )
-            return cls()
-        auth = ThreadAuthenticator(context(), log=logging.getLogger("tandem.auth"))
-        auth.start()
-        for domain in DOMAINS:
-            (folder / domain).mkdir(exist_ok=True)
-            auth.configure_curve(domain=domain, location=str(folder / domain))
-        log.info("CURVE authentication on: keys in %s", folder)
-        return cls(folder, auth)
+        else:
+            for domain in DOMAINS:
+                (folder / domain).mkdir(exist_ok=True)
+            log.info("CURVE authentication on: keys in %s", folder)
+        return cls(folder, open_domains(DOMAINS, peers, folder), peers)
 
-    def setup(self, domain: str) -> Setup | None:
-        """CURVE server options for the socket of ``domain`` (workers or clients)."""
-        if self.folder is None:
-            return None
-        public, secret = _load(self.folder / "router.key_secret")
+    def setup(self, domain: str) -> Setup:
+        """The socket of ``domain`` (workers or clients): its ZAP domain and, with
+        keys, the CURVE server options."""
+        keys = _load(self.folder / "router.key_secret") if self.folder is not None else None
+        zap = self.domains[domain].encode()
 
         def apply(sock: zmq.Socket) -> None:
-            sock.curve_server = True
-            sock.curve_publickey = public
-            sock.curve_secretkey = secret
-            sock.zap_domain = domain.encode()
+            if keys is not None:
+                sock.curve_server = True
+                sock.curve_publickey, sock.curve_secretkey = keys
+            sock.zap_domain = zap
 
         return apply
 
     def stop(self) -> None:
-        if self.authenticator is not None:
-            self.authenticator.stop()
-            self.authenticator = None
+        if self.domains:
+            close_domains(self.domains)
+            self.domains = {}
 
 
 def make_keys(folder: Path, force: bool = False) -> list[Path]:

@@ -272,6 +272,19 @@ class CacheView:
         self.expire(now)
         return self._apply_device(report, now)
 
+    def size_after(self, report: CacheReport) -> int:
+        """Blocks the worker's reports would list once ``report`` is applied (what is
+        listed now when it is a delta that does not apply): checked against its
+        declared capacity before ``apply`` (broker/peerbounds.py)."""
+        if report.full:
+            return len(set(report.blocks))
+        if report.base != self.seq:
+            return len(self._reported)
+        reported = self._reported
+        gone = reported.intersection(report.removed)
+        fresh = sum(1 for h in set(report.added) if h not in reported or h in gone)
+        return len(reported) - len(gone) + fresh
+
     def host_blocks(self) -> int:
         """Blocks held only in the worker's host-RAM tier (0 without one)."""
         return len(self.held - self.device.held) if self.device is not None else 0

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from tandem.common.ratefit import Fit, fit_decode_rates, pav
 from tandem.common.steptime import StepModel
+from tandem.common.validation import MAX_RATE_TOK_S, MIN_RATE_TOK_S
 
 PRIOR_SAMPLES = 8.0  # the profile weighs as much as this many measured steps
 MIN_PREFILL_CHUNK = 64
@@ -80,8 +81,8 @@ def price(
         prefill *= _shrunk(live_prefill[0] / prefill_prior, live_prefill[1], prior_samples)
     measured = model if model is not None and live else StepModel()
     return Rates(
-        prefill_tok_s=prefill,
-        decode_tok_s=decode,
+        prefill_tok_s=bounded_rate(prefill),
+        decode_tok_s=tuple(map(bounded_rate, decode)),
         live_prefill_tok_s=live_prefill[0] if live_prefill else None,
         live_decode_tok_s=tuple(live[b][0] if b in live else None for b in batches),
         live_decode_samples=tuple(live[b][1] if b in live else 0 for b in batches),
@@ -92,6 +93,14 @@ def price(
         else (),
         repaired=repaired.dropped,
     )
+
+
+def bounded_rate(tok_s: float) -> float:
+    """A priced rate within the wire's bounds: a live rate is steps inverted (b / s at
+    b <= 4096 rows, s >= 1 us), and no derivation may reach inf or 0."""
+    if not math.isfinite(tok_s):  # NaN or inf: a report the bounds should have refused
+        return MIN_RATE_TOK_S if math.isnan(tok_s) else MAX_RATE_TOK_S
+    return min(MAX_RATE_TOK_S, max(MIN_RATE_TOK_S, tok_s))
 
 
 def _blend_decode(

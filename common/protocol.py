@@ -84,6 +84,7 @@ class Refusal(StrEnum):
     BAD_FIELD = "bad_field"  # a field missing, unknown, mistyped or out of bounds
     VERSION = "version"  # another protocol version
     UNREADABLE = "unreadable"  # the decoder itself failed on it (any other exception)
+    OVER_CAPACITY = "over_capacity"  # a cache report listing more than the worker can hold
 
 
 _REASON_OF_CODE = {BAD_FRAME: Refusal.MALFORMED, VERSION_MISMATCH: Refusal.VERSION}
@@ -241,6 +242,8 @@ class TokenLogprob(Struct, frozen=True):
 
 
 BlockHash = Annotated[int, Meta(ge=0)]  # 63-bit chained block hashes (common/blocks.py)
+# A listing or delta of them: at most what any worker's listing may hold.
+BlockHashes = Annotated[list[BlockHash], Meta(max_length=bounds.MAX_CACHE_BLOCKS)]
 
 
 class CacheTiers(Struct, frozen=True):
@@ -266,10 +269,10 @@ class CacheReport(Struct, frozen=True):
 
     full: bool
     seq: Count
-    blocks: list[BlockHash] = []
+    blocks: BlockHashes = []
     base: Count = 0
-    added: list[BlockHash] = []
-    removed: list[BlockHash] = []
+    added: BlockHashes = []
+    removed: BlockHashes = []
     device: CacheReport | None = None
     restore_tok_s: Annotated[float, Meta(ge=0, le=bounds.MAX_FLOAT)] = 0.0
     tiers: CacheTiers | None = None
@@ -281,7 +284,9 @@ _STEP_KEYS = {"decode_batch": "b", "decode_step_s": "s", "decode_samples": "n",
 _Series = Meta(max_length=bounds.STEP_POINTS)
 _Sizes = Annotated[list[Annotated[int, Meta(ge=1, le=bounds.MAX_ACTIVE)]], _Series]
 _Chunks = Annotated[list[Annotated[int, Meta(ge=1, le=bounds.MAX_CHUNK)]], _Series]
-_StepSeconds = Annotated[list[Annotated[float, Meta(gt=0, le=bounds.MAX_STEP_S)]], _Series]
+_StepSeconds = Annotated[
+    list[Annotated[float, Meta(ge=bounds.MIN_STEP_S, le=bounds.MAX_STEP_S)]], _Series
+]
 _Rates = Annotated[list[Rate], _Series]
 _Samples = Annotated[list[Annotated[int, Meta(ge=1, le=bounds.COUNT_CAP)]], _Series]
 

@@ -43,6 +43,7 @@ from tandem.common.protocol import StepReport
 MAX_BATCH = bounds.MAX_ACTIVE  # largest batch size a model may describe
 MAX_POINTS = bounds.STEP_POINTS  # entries per wire list: one per batch size or chunk bucket
 MAX_STEP_S = bounds.MAX_STEP_S
+MIN_STEP_S = bounds.MIN_STEP_S
 MAX_TOK_S = bounds.MAX_RATE_TOK_S
 MAX_CONTEXT = bounds.MAX_CONTEXT
 WINDOW = 64  # samples kept per batch size / chunk bucket
@@ -94,9 +95,9 @@ class StepModel:
 
     def __post_init__(self) -> None:
         _check_series("decode", self.decode_batch, self.decode_step_s, self.decode_samples,
-                      MAX_BATCH, MAX_STEP_S)  # fmt: skip
+                      MAX_BATCH, (MIN_STEP_S, MAX_STEP_S))  # fmt: skip
         _check_series("prefill", self.prefill_chunk, self.prefill_tok_s, self.prefill_samples,
-                      1 << 30, MAX_TOK_S)  # fmt: skip
+                      1 << 30, (bounds.MIN_RATE_TOK_S, MAX_TOK_S))  # fmt: skip
         if not _finite_in(self.context, 0.0, MAX_CONTEXT):
             raise ValueError(f"context must be in [0, {MAX_CONTEXT}] tokens")
         if not _finite_in(self.context_s, 0.0, 1.0):
@@ -132,7 +133,7 @@ class StepModel:
 
 def _check_series(
     what: str, keys: Sequence[object], values: Sequence[float], counts: Sequence[object],
-    key_max: int, value_max: float,
+    key_max: int, value_range: tuple[float, float],
 ) -> None:  # fmt: skip
     # objects: a dataclass does not enforce its fields' types, so a caller's strings land here
     if not len(keys) == len(values) == len(counts) or len(keys) > MAX_POINTS:
@@ -142,8 +143,9 @@ def _check_series(
         raise ValueError(f"{what}: sizes must be integers in 1..{key_max}")
     if any(b <= a for a, b in zip(sizes, sizes[1:], strict=False)):
         raise ValueError(f"{what}: sizes must be strictly increasing")
-    if any(not _finite_in(v, 0.0, value_max) or v == 0 for v in values):
-        raise ValueError(f"{what}: values must be finite and in (0, {value_max}]")
+    lo, hi = value_range
+    if any(not _finite_in(v, lo, hi) for v in values):
+        raise ValueError(f"{what}: values must be finite and in [{lo:g}, {hi:g}]")
     if any(not isinstance(n, int) or not 1 <= n <= COUNT_CAP for n in counts):
         raise ValueError(f"{what}: sample counts must be integers in 1..{COUNT_CAP}")
 
@@ -266,7 +268,7 @@ class StepStats:
             at_ctx = [
                 max(MIN_AFTER_CONTEXT * s, s + k * b * (ctx - x)) for s, x in self.decode[b].samples
             ]
-            steps.append(max(1e-9, center(at_ctx)))
+            steps.append(max(MIN_STEP_S, center(at_ctx)))
         chunks = sorted(self.prefill)
         return StepModel(
             decode_batch=tuple(batches),
@@ -275,12 +277,16 @@ class StepStats:
             context=min(float(MAX_CONTEXT), ctx),
             context_s=min(1.0, k),
             prefill_chunk=tuple(chunks),
-            prefill_tok_s=tuple(
-                min(MAX_TOK_S, 1.0 / center([1.0 / r for r, _ in self.prefill[c].samples]))
-                for c in chunks
-            ),
+            prefill_tok_s=tuple(_rate_of(self.prefill[c]) for c in chunks),
             prefill_samples=tuple(self.prefill[c].seen for c in chunks),
         )
+
+
+def _rate_of(window: _Window) -> float:
+    """A prefill window's rate (``center`` of seconds per token, inverted), within the
+    wire's bounds."""
+    rate = 1.0 / center([1.0 / r for r, _ in window.samples])
+    return min(MAX_TOK_S, max(bounds.MIN_RATE_TOK_S, rate))
 
 
 def center(values: Sequence[float]) -> float:

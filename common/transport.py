@@ -50,15 +50,6 @@ def monitor_socket(sock: zmq.Socket, events: int) -> zmq.Socket:
     return sock.get_monitor_socket(events, addr=f"inproc://tandem-monitor-{uuid.uuid4().hex}")
 
 
-def drain_events(monitor: zmq.Socket) -> int:
-    """Read every waiting event of ``monitor`` (from ``monitor_socket``); how many."""
-    n = 0
-    while monitor.poll(0):
-        monitor.recv_multipart()
-        n += 1
-    return n
-
-
 def close_monitor(sock: zmq.Socket, monitor: zmq.Socket) -> None:
     """Stop ``sock``'s monitor, then close ``monitor`` (from ``monitor_socket``): call it
     before closing ``sock``, and never close the monitor alone.

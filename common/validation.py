@@ -33,7 +33,9 @@ MAX_ID_CHARS = 256  # request ids, worker ids, labels
 MAX_DEPTH = 8  # nesting of free-form values (chat messages, status rows, a tokenizer spec)
 MAX_ACTIVE = 4096
 MAX_N_CTX = 1 << 24
-MAX_RATE_TOK_S = 1e9
+# Beyond any device: a small model's prefill on the largest GPU runs ~1e6 tok/s.
+MAX_RATE_TOK_S = 1e8
+MIN_RATE_TOK_S = 1e-3
 HEARTBEAT_S = (0.01, 60.0)  # a worker's period: a 1e9 s period would never expire
 MAX_COUNT = 1 << 40  # token counters in heartbeats
 MAX_ROWS = 1 << 16  # requests one heartbeat may list
@@ -49,9 +51,13 @@ MAX_SCHEMA_CHARS = 1 << 18  # a JSON Schema's text
 # A worker's step model (common/steptime.py StepModel, Heartbeat.steps).
 STEP_POINTS = 64  # entries per list: one per batch size or chunk bucket
 MAX_STEP_S = 3600.0
+MIN_STEP_S = 1e-6  # no engine step is shorter: one kernel launch takes longer
 MAX_CONTEXT = 10_000_000  # tokens of context per row
 COUNT_CAP = 1_000_000  # sample counters stop here (they only weigh evidence)
 MAX_CHUNK = 1 << 30  # prompt tokens in a prefill chunk bucket
+# Block hashes one cache listing may hold: 8.4 M tokens in blocks of 16, more than any
+# device and host tier serve today; ~60 MB of the router's memory (broker/peerbounds.py).
+MAX_CACHE_BLOCKS = 1 << 19
 MAX_FLOAT = sys.float_info.max  # ``le=MAX_FLOAT`` refuses infinity; every bound refuses NaN
 
 # The bounded types the messages are declared with (common/protocol.py).
@@ -70,7 +76,7 @@ Count = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
 TokenId = Annotated[int, Meta(ge=0, le=MAX_TOKEN_ID)]
 Tokens = Annotated[list[TokenId], Meta(max_length=MAX_TOKENS_PER_FRAME)]
 Text = Annotated[str, Meta(max_length=MAX_TEXT_CHARS)]
-Rate = Annotated[float, Meta(ge=1e-3, le=MAX_RATE_TOK_S)]
+Rate = Annotated[float, Meta(ge=MIN_RATE_TOK_S, le=MAX_RATE_TOK_S)]
 Seconds = Annotated[float, Meta(ge=0, le=1e9)]
 NonNegative = Annotated[float, Meta(ge=0, le=MAX_FLOAT)]
 

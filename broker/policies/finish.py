@@ -44,6 +44,7 @@ from operator import call, is_not
 
 from tandem.broker.policies.views import Decision, RouteRequest, WorkerView, tie_break
 from tandem.common.schedule import admissible, decode_segments, plan_step, repeats
+from tandem.common.validation import MIN_STEP_S
 
 _NO_KV_LIMIT = 1 << 62  # the router's views carry no KV reservations: n_ctx is sized for max_active
 
@@ -143,7 +144,7 @@ def _advance(
     k = repeats(plan, [r.decode_left for r in plan.decode])
     step_s = model.step_s(plan.prefill_tokens, len(plan.decode))
     if within_s is not None:
-        k = min(k, max(1, math.ceil(within_s / step_s - 1e-9)))
+        k = min(k, max(1, math.ceil(within_s / max(step_s, MIN_STEP_S) - 1e-9)))
     for r in plan.decode:
         r.decode_left -= k
     for r, n in plan.prefill:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import zmq
 
 from tandem.broker.admission import Admission, AdmissionConfig
 from tandem.broker.identity import RequestIds
@@ -276,7 +277,11 @@ def test_binding_other_hosts_without_keys_warns(caplog: pytest.LogCaptureFixture
     from tandem.common.settings import Addresses
 
     guard = RouterGuard.start(None, Addresses("tcp://127.0.0.1:1", "tcp://0.0.0.0:2"))
-    assert guard.setup("workers") is None
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    guard.setup("workers")(sock)  # a ZAP domain (the cap per address), no CURVE
+    assert not sock.curve_server and sock.zap_domain.startswith(b"workers.")
+    sock.close()
+    guard.stop()
     (warning,) = [r for r in caplog.records if "WITHOUT authentication" in r.message]
     assert "0.0.0.0:2" in warning.message
 
