@@ -33,6 +33,7 @@ def workers_table(reply: p.StatusReply) -> str:
     rows = [
         [
             worker_label(w),
+            w.get("node") or "-",  # a router of before version 12 names none
             w["backend"],
             w["device"],
             f"{w['active']}/{w['max_active']}",
@@ -49,7 +50,7 @@ def workers_table(reply: p.StatusReply) -> str:
         ]
         for w in reply.workers
     ]
-    headers = ["worker", "backend", "device", "active", "queued", "kv", "blocks",
+    headers = ["worker", "node", "backend", "device", "active", "queued", "kv", "blocks",
                "cache device +host", "prefill/s profile", "live", "priced", "routed",
                "seen_s_ago", "caps"]  # fmt: skip
     notes = [

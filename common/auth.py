@@ -84,6 +84,60 @@ def exposed(address: str) -> bool:
     return not (host in LOOPBACK_HOSTS or host.startswith("127."))
 
 
+class KeyFolder:
+    """The public keys a ZAP domain accepts: the ``*.key`` files of one folder, read
+    again whenever the folder changes, so a key added (``tandem join``, ``tandem keys
+    --add``) is accepted and a key deleted refused from the next handshake on, with no
+    restart. A handshake only stats the folder; it is re-read when its mtime moved."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.stamp: int | None = None
+        self.keys: frozenset[bytes] = frozenset()
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """pyzmq's credentials-provider hook: is ``key`` (Z85) accepted?"""
+        try:
+            stamp = self.folder.stat().st_mtime_ns
+        except OSError:
+            return False
+        if stamp != self.stamp:
+            self.keys = frozenset(_public_keys(self.folder))
+            self.stamp = stamp
+        return key in self.keys
+
+
+def _public_keys(folder: Path) -> list[bytes]:
+    out = []
+    for path in folder.glob("*.key"):
+        try:
+            out.append(zmq.auth.load_certificate(path)[0])
+        except (OSError, ValueError) as exc:  # one bad file must not lock every key out
+            log.warning("ignoring key file %s: %s", path, exc)
+    return out
+
+
+def authorize(folder: Path, role: str, name: str, public: bytes, note: str = "") -> Path:
+    """Accept the public key ``public`` (Z85) for ``role`` from the next handshake on:
+    ``folder/<role's domain>/<name>.key``, written whole then renamed into place (the
+    router never reads half a file). A public key is no secret: mode 0644."""
+    if role not in ROLES or not name.isidentifier():
+        raise ValueError(f"cannot authorize {role!r} key {name!r}")
+    domain = folder / ROLES[role]
+    domain.mkdir(exist_ok=True)
+    return write_public_key(domain / f"{name}.key", public, note)
+
+
+def write_public_key(path: Path, public: bytes, note: str = "") -> Path:
+    """A public certificate file ``zmq.auth.load_certificate`` reads, written whole then
+    renamed into place (a reader never sees half of it)."""
+    tmp = path.with_suffix(".tmp")
+    comment = f"#   {note}\n" if note and note.isprintable() else ""
+    tmp.write_text(f'#   tandem public key\n{comment}curve\n    public-key = "{public.decode()}"\n')
+    tmp.replace(path)
+    return path
+
+
 @dataclass
 class RouterGuard:
     """The router's side: CURVE server options per socket and the ZAP authenticator."""
@@ -108,7 +162,7 @@ class RouterGuard:
         auth.start()
         for domain in DOMAINS:
             (folder / domain).mkdir(exist_ok=True)
-            auth.configure_curve(domain=domain, location=str(folder / domain))
+            auth.configure_curve_callback(domain, KeyFolder(folder / domain))
         log.info("CURVE authentication on: keys in %s", folder)
         return cls(folder, auth)
 

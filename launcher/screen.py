@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,14 @@ class Screen:
         if tail:
             self.console.print(f"--- last lines of {log}:\n{tail}", style="dim", markup=False)
 
-    def ready(self, plan: Plan, model: str, workers: list[str], run_dir: Path) -> None:
+    def ready(
+        self,
+        plan: Plan,
+        model: str,
+        workers: list[str],
+        run_dir: Path,
+        others: Sequence[tuple[str, str]] = (),
+    ) -> None:
         self.bars.stop()
         out = self.console
         out.print(f"ready: {plan.url}/v1", style="bold green", markup=False)
@@ -94,16 +102,7 @@ class Screen:
             ("router", f"{plan.client_addr} (tandem generate / status / top)"),
             ("logs", str(run_dir)),
         ]
-        attach = "on its host: tandem worker --router {} --worker-id {} --model {}"
-        rows += [("expects", attach.format(plan.worker_addr, w, model)) for w in plan.remote]
-        if plan.remote and ("127.0.0.1" in plan.worker_addr or "localhost" in plan.worker_addr):
-            rows.append(
-                (
-                    "warning",
-                    "remote workers cannot reach a loopback address: set "
-                    '[router] worker_addr = "tcp://0.0.0.0:PORT"',
-                )
-            )
+        rows += list(others)  # other hosts: the tandem join command (launcher/fleet.py)
         for key, value in rows:
             out.print(f"  {key:<11} {value}", markup=False)
         out.print("  try:", markup=False)

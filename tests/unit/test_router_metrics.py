@@ -14,6 +14,8 @@ RATES = (100.0, [50.0, 80.0])
 
 
 def value(h: Harness, name: str, **labels: str) -> float | None:
+    if name.startswith("tandem_worker_"):  # per-worker gauges name the node too
+        labels.setdefault("node", "")
     return h.core.metrics.registry.get_sample_value(name, labels)
 
 
