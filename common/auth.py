@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -90,9 +91,12 @@ class KeyFolder:
     --add``) is accepted and a key deleted refused from the next handshake on, with no
     restart. A handshake only stats the folder; it is re-read when its mtime moved."""
 
+    FRESH_NS = 2_000_000_000  # a folder changed this recently may change again unseen
+
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.stamp: int | None = None
+        self.read_ns = 0
         self.keys: frozenset[bytes] = frozenset()
 
     def callback(self, domain: str, key: bytes) -> bool:
@@ -101,7 +105,10 @@ class KeyFolder:
             stamp = self.folder.stat().st_mtime_ns
         except OSError:
             return False
-        if stamp != self.stamp:
+        # A second change within the clock tick of the first leaves the mtime as it
+        # was: a folder changed just before it was read is read again while fresh.
+        if stamp != self.stamp or self.read_ns - stamp < self.FRESH_NS:
+            self.read_ns = time.time_ns()
             self.keys = frozenset(_public_keys(self.folder))
             self.stamp = stamp
         return key in self.keys

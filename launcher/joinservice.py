@@ -46,6 +46,8 @@ WORDS = {
     "used": "this join token was already used by another host; ask for a new one (each "
     "token admits one host)",
     "expired": "this join token expired; ask for a new one",
+    "node_taken": "another host joined under this node name: pass --node NAME (or "
+    "TANDEM_NODE) with a name of its own; the token stays unused",
 }
 
 

@@ -99,7 +99,7 @@ class Screen:
             ("model", model if shown == model else f"{shown} ({model})"),
             ("workers", ", ".join(workers)),
             ("OpenAI API", f"{plan.url}/v1"),
-            ("router", f"{plan.client_addr} (tandem generate / status / top)"),
+            ("router", f"{plan.client_addr} (tandem generate / status / top{_keys(plan)})"),
             ("logs", str(run_dir)),
         ]
         rows += list(others)  # other hosts: the tandem join command (launcher/fleet.py)
@@ -112,6 +112,12 @@ class Screen:
 
     def close(self) -> None:
         self.bars.stop()
+
+
+def _keys(plan: Plan) -> str:
+    """`` --keys DIR`` when the router runs with keys (its clients need them too)."""
+    argv = next((p.argv for p in plan.procs if p.role == "router"), ())
+    return f" --keys {argv[argv.index('--keys') + 1]}" if "--keys" in argv else ""
 
 
 def curl(plan: Plan, model: str) -> str:

@@ -66,6 +66,8 @@ class JoinTokens:
             return Verdict(found, repeat=True) if same else Verdict(None, "used")
         if now >= found.expires_s:
             return Verdict(None, "expired")
+        if any(t.node == node and t.used_by != key for t in self.issued if t.used_by):
+            return Verdict(None, "node_taken")  # its workers' ids would clash: NODE-cpu0
         found.used_by, found.node = key, node
         return Verdict(found)
 

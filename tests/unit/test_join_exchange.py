@@ -13,7 +13,7 @@ import zmq
 import zmq.auth
 
 from tandem.common.auth import KeyFolder, make_keys
-from tandem.common.join import JOIN_VERSION, JoinToken, decode_reply
+from tandem.common.join import JOIN_VERSION, JoinRequest, JoinToken, decode_reply, encode
 from tandem.launcher import join as joining
 from tandem.launcher.cluster import free_tcp_address
 from tandem.launcher.joinservice import JoinService, Offer, private_keys
@@ -98,17 +98,27 @@ def test_nothing_listening_is_a_network_problem(tmp_path):
     assert info.value.kind == "network"
 
 
-def test_a_malformed_request_gets_bad_request_and_authorizes_nothing(service, tmp_path):
+def test_a_flood_of_bad_requests_is_answered_and_authorizes_nothing(service, tmp_path):
+    """2,000 frames that are no join request (and unknown secrets) from one peer: each
+    answered bad_request / unknown, no key written; a real join then goes through."""
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.curve_serverkey = zmq.auth.load_certificate(service.keys / "router.key")[0]
     sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
     sock.connect(service.address)
+    guess = encode(JoinRequest(v=JOIN_VERSION, secret=b"\x03" * 16, node="x"))
+    frames = [b"\x81\xa4type\xa4join", b"not msgpack", guess, b"\x00" * 5000]
     try:
-        sock.send(b"\x81\xa4type\xa4join")  # a map without the fields
-        assert sock.poll(10_000)
-        reply = decode_reply(sock.recv())
+        for i in range(2000):
+            sock.send(frames[i % 3])
+        reasons = set()
+        for _ in range(2000):
+            assert sock.poll(10_000)
+            reasons.add(decode_reply(sock.recv()).reason)
+        sock.send(frames[3])  # over the size limit: the connection is closed, no answer
+        assert not sock.poll(500)
     finally:
         sock.close(linger=0)
-    assert reply.v == JOIN_VERSION and reply.reason == "bad_request"
+    assert reasons == {"bad_request", "unknown"}
     assert not list((service.keys / "workers").glob("join_*"))
+    assert join(service, service.issue(), tmp_path / "mac").answer.v == JOIN_VERSION

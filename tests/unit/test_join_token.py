@@ -50,6 +50,14 @@ def test_one_host_per_token_the_same_host_again_and_nobody_else():
     assert ledger.live(2.0) == 0
 
 
+def test_a_node_name_another_host_joined_under_is_refused_and_the_token_kept():
+    ledger = tokens()
+    ledger.redeem(ledger.issue(0.0).secret, KEY_A, "mac", 1.0)
+    t = ledger.issue(0.0)
+    assert ledger.redeem(t.secret, KEY_B, "mac", 2.0).reason == "node_taken"
+    assert ledger.redeem(t.secret, KEY_B, "mac2", 3.0).issued is not None
+
+
 def test_an_unused_token_expires_and_an_unknown_one_is_unknown():
     ledger = tokens(ttl_s=10.0)
     t = ledger.issue(0.0)
