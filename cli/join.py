@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 import click
 
 from tandem.cli.processes import worker as worker_command
-from tandem.cli.serve import _run_dir, _worker_knobs
+from tandem.cli.serve import SERVE_DEFAULTS, _run_dir, worker_knobs
 
 # Exit codes: 2 refused (the token, the router's identity, the model, a bad flag),
 # 3 the network (nothing answered: a later try may get through).
@@ -39,7 +39,9 @@ REFUSED, NETWORK = 2, 3
 @click.option("--run-dir", default=None, help="Folder for the logs [default: a new one].")
 @click.option("--timeout-s", type=float, default=15.0, show_default=True,
               help="How long to wait for the router's join service.")  # fmt: skip
-@_worker_knobs
+@worker_knobs(
+    {**SERVE_DEFAULTS, "threads": "the cores less one and one per GPU worker, at least 1"}
+)
 def join(router: str, token: str, node: str, model: str | None, devices: str,
          run_dir: str | None, timeout_s: float, **knobs: Any) -> None:  # fmt: skip
     """Serve from this machine's devices (a worker each) for the router at ROUTER (the

@@ -35,15 +35,21 @@ SERVE_DEFAULTS = {
 }
 
 
-def _worker_knobs(f: Any) -> Any:
-    options = option_keys(worker_command)
-    for name in reversed(WORKER_KNOBS):
-        opt = options[name]
-        text = f"Every worker: {opt.help or name}"
-        if name in SERVE_DEFAULTS:
-            text += f" [default: {SERVE_DEFAULTS[name]}]"
-        f = click.option(*opt.opts, type=opt.type, default=None, help=text)(f)
-    return f
+def worker_knobs(defaults: dict[str, str]) -> Any:
+    """The WORKER_KNOBS as options of a command that starts workers (serve, join),
+    each saying what ``defaults`` picks when it is not given."""
+
+    def add(f: Any) -> Any:
+        options = option_keys(worker_command)
+        for name in reversed(WORKER_KNOBS):
+            opt = options[name]
+            text = f"Every worker: {opt.help or name}"
+            if name in defaults:
+                text += f" [default: {defaults[name]}]"
+            f = click.option(*opt.opts, type=opt.type, default=None, help=text)(f)
+        return f
+
+    return add
 
 
 def _sets(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict:
@@ -95,7 +101,7 @@ def _sets(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -
 @click.option("--run-dir", default=None, help="Folder for the logs [default: a new one].")
 @click.option("--set", "sets", multiple=True, callback=_sets, metavar="SECTION.KEY=VALUE",
               help="Any flag of a process, e.g. router.spin_us=0 (repeatable).")  # fmt: skip
-@_worker_knobs
+@worker_knobs(SERVE_DEFAULTS)
 def serve(model: str | None, config_file: str | None, print_config: bool, dry_run: bool,
           devices: str | None, host: str | None, port: int | None, api_key: str | None,
           keys: str | None, listen: str | None, join_addr: str | None, policy: str | None,

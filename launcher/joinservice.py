@@ -99,15 +99,17 @@ class JoinService:
         while not self.stop.is_set():
             if not self.sock.poll(100):
                 continue
-            parts = self.sock.recv_multipart(copy=False)
-            if len(parts) != 2:
-                continue  # not a DEALER's one frame: nobody to answer sensibly
             try:
+                parts = self.sock.recv_multipart(copy=False)
+                if len(parts) != 2:
+                    continue  # not a DEALER's one frame: nobody to answer sensibly
                 reply = self._answer(parts[1])
+                # A peer that never reads loses its answer, never stalls the service.
+                self.sock.send_multipart([parts[0].bytes, encode(reply)], zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                log.debug("join service: %s", exc)
             except Exception:  # a bug here must not end the service; the joiner times out
                 log.exception("join request failed")
-                continue
-            self.sock.send_multipart([parts[0].bytes, encode(reply)], zmq.NOBLOCK)
 
     def _answer(self, frame: zmq.Frame) -> JoinAccepted | JoinRefused:
         try:
