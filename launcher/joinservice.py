@@ -82,7 +82,10 @@ class JoinService:
             self.sock.bind(address)
         except zmq.ZMQError as exc:
             self.close()
-            raise ValueError(f"the join service cannot listen on {address}: {exc}") from None
+            raise ValueError(
+                f"the join service cannot listen on {address} ({exc.strerror}): move it "
+                "with --join-addr tcp://HOST:PORT"
+            ) from None
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="tandem-join", daemon=True)

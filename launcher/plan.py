@@ -168,10 +168,10 @@ def with_host(address: str, host: str) -> str:
 
 def join_address(cfg: ServeConfig, worker_addr: str) -> str | None:
     """Where the join service listens: ``join_addr``, else the worker socket's host at
-    port DEFAULT_JOIN_PORT; None when serve runs none (no keys, no --listen, no
-    remote worker: nothing on this host is reachable from another)."""
+    port DEFAULT_JOIN_PORT; None when serve runs none (no --listen, no join_addr, no
+    remote worker: no other host is meant to attach)."""
     remote = any(not _local(w) for w in cfg.workers)
-    if not (cfg.join_addr or cfg.listen or cfg.keys or remote):
+    if not (cfg.join_addr or cfg.listen or remote):
         return None
     if cfg.join_addr:
         return cfg.join_addr
