@@ -95,7 +95,8 @@ def join(address: str, token: JoinToken, node: str, devices: list[str],
     request = JoinRequest(v=JOIN_VERSION, secret=token.secret, node=node, devices=devices)
     reply = _exchange(address, token.router_key, (public, secret), encode(request), timeout_s)
     if isinstance(reply, JoinRefused):
-        raise Refused(reply.reason, f"the router refused the join token: {reply.message}")
+        what = "the join token" if reply.reason in ("unknown", "used", "expired") else "the join"
+        raise Refused(reply.reason, f"the router refused {what}: {reply.message}")
     return Joined(keys, reachable(reply.worker_addr, address), reply)
 
 

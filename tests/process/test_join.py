@@ -1,8 +1,9 @@
 """`tandem join` as a user runs it: the command `tandem serve --listen` prints, run as
 printed on another "host" (its own cache folder, loopback), joins, and its worker
 serves a request; the used token, an unknown one and an address where nothing
-listens each fail with their own words and exit code; the serve screen says when the
-joined worker leaves."""
+listens each fail with their own words and exit code; a joined worker killed is
+restarted by its joiner; the serve screen says when the joined worker leaves and
+comes back."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tandem.client.sync import Client
@@ -70,6 +72,13 @@ def test_the_printed_join_command_joins_and_its_worker_serves(tmp_path):
                          "--timeout-s", "2"], tmp_path / "pc3")  # fmt: skip
         assert gone.returncode == 3 and "nothing answered" in gone.stderr, gone
         assert "token" not in gone.stderr.split("nothing answered")[0]
+        # Its worker killed outright: the joiner restarts it, and serve sees both.
+        worker = psutil.Process(joiner.proc.pid).children()[0]
+        worker.kill()
+        joiner.expect("killed by SIGKILL; restarting")
+        s.expect("far-cpu0", "(remote, node far)", "left the router", timeout_s=30)
+        joiner.expect("far-cpu0 registered with the router")
+        s.expect("far-cpu0", "(remote, node far)", "registered", timeout_s=60)
         joiner.proc.terminate()
         assert joiner.proc.wait(timeout=30) == 0
         s.expect("far-cpu0", "(remote, node far)", "left the router", timeout_s=30)
