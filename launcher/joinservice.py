@@ -35,10 +35,12 @@ from tandem.common.join import (
     encode,
     key_fingerprint,
 )
+from tandem.common.refusals import RefusalLog
 from tandem.launcher.config import ServeConfig
 from tandem.launcher.tokens import JoinTokens
 
 log = logging.getLogger(__name__)
+MAX_DEVICES_SHOWN = 8  # of a joiner's device labels, on the serve screen
 DOMAIN = "join"
 WORDS = {
     "unknown": "this join token is not one this router issued (or it was issued by an "
@@ -67,6 +69,7 @@ class JoinService:
         self.keys, self.offer, self.tokens = keys, offer, tokens
         self.lock = threading.Lock()  # tokens: issued by the supervisor, redeemed here
         self.events: queue.Queue[tuple[str, str]] = queue.Queue()  # (node, words) joined
+        self.refusals = RefusalLog(log)  # a flood of bad tokens logs a bounded few lines
         self.ctx = zmq.Context()
         self.auth = ThreadAuthenticator(self.ctx, log=logging.getLogger("tandem.join.auth"))
         self.auth.start()
@@ -118,19 +121,20 @@ class JoinService:
         try:
             req = decode_request(frame.bytes)
         except ValueError as exc:
+            self.refusals.refused("bad_request", "join request refused: %s", exc)
             return JoinRefused(v=JOIN_VERSION, reason="bad_request", message=str(exc))
         key = str(frame.get("User-Id")).encode()  # the handshake's key (ZAP, Z85)
         with self.lock:
             verdict = self.tokens.redeem(req.secret, key, req.node, time.monotonic())
         if verdict.issued is None:
-            log.warning("join refused (%s) for node %s", verdict.reason, req.node)
-            return JoinRefused(v=JOIN_VERSION, reason=verdict.reason, message=WORDS[verdict.reason])  # type: ignore[arg-type]
+            reason = verdict.reason
+            self.refusals.refused(reason, "join refused (%s) for node %s", reason, req.node)
+            return JoinRefused(v=JOIN_VERSION, reason=reason, message=WORDS[reason])  # type: ignore[arg-type]
         if not verdict.repeat:
             name = "join_" + re.sub(r"\W", "_", req.node) + "_" + key_fingerprint(key)[:8]
             path = authorize(self.keys, "worker", name, key, f"node {req.node}")
             log.debug("node %s joined: its key is %s", req.node, path)
-            devices = ", ".join(req.devices) or "its devices"
-            self.events.put((req.node, f"joined ({devices})"))
+            self.events.put((req.node, f"joined ({_devices(req.devices)})"))
         return JoinAccepted(v=JOIN_VERSION, **dataclasses.asdict(self.offer))
 
     def close(self) -> None:
@@ -140,6 +144,12 @@ class JoinService:
         self.sock.close(linger=0)
         self.auth.stop()
         self.ctx.term()
+
+
+def _devices(labels: list[str]) -> str:
+    """A joiner's device labels for the screen, bounded (a peer chose them)."""
+    shown = [d[:32] for d in labels[:MAX_DEVICES_SHOWN]]
+    return ", ".join(shown + ["..."] * (len(labels) > MAX_DEVICES_SHOWN)) or "its devices"
 
 
 def private_keys(folder: Path) -> Path:
