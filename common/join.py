@@ -29,8 +29,9 @@ TOKEN_PREFIX = "tdj1."
 SECRET_BYTES = 16
 KEY_BYTES = 32
 MAX_JOIN_FRAME_BYTES = 4096  # the service's MAXMSGSIZE: a request is ~100 bytes
-# Why a token is refused (JoinRefused.reason); "bad_request": the request itself.
-REFUSALS = ("unknown", "used", "expired", "node_taken", "bad_request")
+# Why a join is refused (JoinRefused.reason): the token (unknown, used, expired), the
+# node name (node_taken: another host joined under it), the request (bad_request).
+Refusal = Literal["unknown", "used", "expired", "node_taken", "bad_request"]
 
 
 class BadToken(ValueError):
@@ -96,7 +97,7 @@ class JoinRefused(msgspec.Struct, tag="refused", forbid_unknown_fields=True):
     """Service -> joiner: nothing authorized, and why."""
 
     v: int
-    reason: Literal["unknown", "used", "expired", "node_taken", "bad_request"]
+    reason: Refusal
     message: Annotated[str, Meta(max_length=1024)]
 
 

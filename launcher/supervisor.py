@@ -93,6 +93,7 @@ class Supervisor:
         or no worker can (exit 1, with the reason)."""
         problem = self._bind_problem(keys)
         if problem:
+            self.fleet.close()
             self.screen.failure(*problem, None)
             return 1
         signals = (signal.SIGINT, signal.SIGTERM)
