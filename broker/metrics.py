@@ -137,7 +137,8 @@ class RouterMetrics:
 
     def _worker_gauges(self, r: CollectorRegistry) -> None:
         def gauge(name: str, doc: str, *labels: str) -> Gauge:
-            return Gauge(f"tandem_worker_{name}", doc, ["worker", *labels], registry=r)
+            # node: the worker's machine (Ready.node), one per worker: no more series.
+            return Gauge(f"tandem_worker_{name}", doc, ["worker", "node", *labels], registry=r)
 
         self.g_active = gauge("active_requests", "Requests decoding, as of the last heartbeat.")
         self.g_queued = gauge("queued_requests", "Requests in the worker's queue.")
@@ -260,22 +261,22 @@ class RouterMetrics:
         up once (``labels`` costs more than ``set``), and the rate tables are set
         only when they changed, at the batch sizes of ``common.steptime.batch_ladder``.
         """
-        hb, wid = w.heartbeat, w.id
+        hb, wid, key = w.heartbeat, w.id, (w.id, w.info.node)
         if hb is None:
             return
         g = self._children.get(wid)
         if g is None:
             g = self._children[wid] = _WorkerGauges(
-                self.g_active.labels(wid),
-                self.g_queued.labels(wid),
-                self.g_inflight.labels(wid),
-                self.g_kv_used.labels(wid),
-                self.g_kv_cap.labels(wid),
-                self.g_kv_usage.labels(wid),
-                self.g_blocks.labels(wid),
-                self.g_provisional.labels(wid),
-                self.g_served.labels(wid),
-                self.g_repriced.labels(wid),
+                self.g_active.labels(*key),
+                self.g_queued.labels(*key),
+                self.g_inflight.labels(*key),
+                self.g_kv_used.labels(*key),
+                self.g_kv_cap.labels(*key),
+                self.g_kv_usage.labels(*key),
+                self.g_blocks.labels(*key),
+                self.g_provisional.labels(*key),
+                self.g_served.labels(*key),
+                self.g_repriced.labels(*key),
                 rates={},
             )
         cap = hb.kv_capacity_tokens
@@ -294,31 +295,36 @@ class RouterMetrics:
             g.provisional.set(now[6])
             g.served.set(now[7])
             g.repriced.set(now[8])
-        self._tiers(g, wid, w.cache.tiers)
-        self._rates(g, wid, "advertised", w.info.prefill_tok_s, w.info.decode_tok_s)
-        self._rates(g, wid, "priced", priced.prefill_tok_s, priced.decode_tok_s)
+        self._tiers(g, key, w.cache.tiers)
+        self._rates(g, key, "advertised", w.info.prefill_tok_s, w.info.decode_tok_s)
+        self._rates(g, key, "priced", priced.prefill_tok_s, priced.decode_tok_s)
 
-    def _tiers(self, g: _WorkerGauges, wid: str, tiers: dict[str, int]) -> None:
+    def _tiers(self, g: _WorkerGauges, key: tuple[str, str], tiers: dict[str, int]) -> None:
         """The prefix cache's tiers as the worker's last cache report gave them."""
         if not tiers or tiers == g.tiers:
             return
         g.tiers = tiers
         per_token = tiers.get("kv_bytes_per_token", 0)
         for tier, held, cap in _TIER_FIELDS:
-            self.g_cache.labels(wid, tier).set(tiers.get(held, 0))
-            self.g_cache_cap.labels(wid, tier).set(tiers.get(cap, 0))
-            self.g_cache_bytes.labels(wid, tier).set(tiers.get(held, 0) * per_token)
+            self.g_cache.labels(*key, tier).set(tiers.get(held, 0))
+            self.g_cache_cap.labels(*key, tier).set(tiers.get(cap, 0))
+            self.g_cache_bytes.labels(*key, tier).set(tiers.get(held, 0) * per_token)
 
     def _rates(
-        self, g: _WorkerGauges, wid: str, source: str, prefill: float, decode: Sequence[float]
+        self,
+        g: _WorkerGauges,
+        key: tuple[str, str],
+        source: str,
+        prefill: float,
+        decode: Sequence[float],
     ) -> None:
         table = (prefill, tuple(decode))
         if g.rates.get(source) == table:
             return
         g.rates[source] = table
-        self.g_prefill.labels(wid, source).set(prefill)
+        self.g_prefill.labels(*key, source).set(prefill)
         for batch in batch_ladder(len(decode)):
-            self.g_decode.labels(wid, source, str(batch)).set(decode[batch - 1])
+            self.g_decode.labels(*key, source, str(batch)).set(decode[batch - 1])
 
     def on_worker_removed(self, worker_id: str) -> None:
         """Drop a departed worker's gauges (its counters stay: they are history)."""

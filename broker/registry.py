@@ -283,6 +283,7 @@ class WorkerState:
             "id": self.id,
             "backend": self.info.backend,
             "device": self.info.device,
+            "node": self.info.node,
             "model": self.info.model,
             "max_active": self.info.max_active,
             "n_ctx": self.info.n_ctx,

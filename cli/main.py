@@ -7,6 +7,7 @@ import click
 
 from tandem.cli.bench import bench
 from tandem.cli.gateway import gateway
+from tandem.cli.join import join
 from tandem.cli.keys import keys
 from tandem.cli.options import setup_logging
 from tandem.cli.processes import router, worker
@@ -30,6 +31,7 @@ def main(log_level: str) -> None:
 
 for command in (
     serve,
+    join,
     router,
     worker,
     gateway,

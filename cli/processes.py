@@ -212,6 +212,12 @@ def cache_memory_options(f: Any) -> Any:
     help="Print one JSON object per line to stdout as the worker starts: loading, "
     "measuring (done/total), registered (provisional), error.",
 )
+@click.option(
+    "--node",
+    envvar="TANDEM_NODE",
+    default="",
+    help="The machine's name in status, top and /metrics [default: the host's name].",
+)
 @sim_profile
 @cpus_option
 @keys_option
@@ -241,6 +247,7 @@ def worker(
     profile_file: str | None,
     cpus: tuple[int, ...] | None,
     keys: str | None,
+    node: str,
 ) -> None:
     """Run a worker process (one device)."""
     from tandem.workers.main import run_worker
@@ -276,6 +283,7 @@ def worker(
             cache_mem=parse_bytes(cache_mem) if cache_mem else None,
             host_cache_mem_frac=host_cache_mem_frac,
             host_cache_mem=parse_bytes(host_cache_mem) if host_cache_mem else None,
+            node=node,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

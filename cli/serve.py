@@ -7,6 +7,7 @@ import os
 import sys
 import time
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +35,21 @@ SERVE_DEFAULTS = {
 }
 
 
-def _worker_knobs(f: Any) -> Any:
-    options = option_keys(worker_command)
-    for name in reversed(WORKER_KNOBS):
-        opt = options[name]
-        text = f"Every worker: {opt.help or name}"
-        if name in SERVE_DEFAULTS:
-            text += f" [default: {SERVE_DEFAULTS[name]}]"
-        f = click.option(*opt.opts, type=opt.type, default=None, help=text)(f)
-    return f
+def worker_knobs(defaults: dict[str, str]) -> Any:
+    """The WORKER_KNOBS as options of a command that starts workers (serve, join),
+    each saying what ``defaults`` picks when it is not given."""
+
+    def add(f: Any) -> Any:
+        options = option_keys(worker_command)
+        for name in reversed(WORKER_KNOBS):
+            opt = options[name]
+            text = f"Every worker: {opt.help or name}"
+            if name in defaults:
+                text += f" [default: {defaults[name]}]"
+            f = click.option(*opt.opts, type=opt.type, default=None, help=text)(f)
+        return f
+
+    return add
 
 
 def _sets(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict:
@@ -74,6 +81,19 @@ def _sets(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -
 @click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on /v1/*.")
 @click.option("--keys", default=None, type=click.Path(file_okay=False), help="CURVE keys folder.")
 @click.option(
+    "--listen",
+    default=None,
+    metavar="HOST",
+    help="Let other hosts attach workers (tandem join): the router's worker socket and the "
+    "join service listen on HOST (0.0.0.0: every interface); keys are made when none are "
+    "given [default: this host only].",
+)
+@click.option(
+    "--join-addr",
+    default=None,
+    help="The join service's address [default: the worker socket's host, port 5557].",
+)
+@click.option(
     "--policy",
     default=None,
     help="The router's policy (tandem router --help) [default: lookahead].",
@@ -81,10 +101,11 @@ def _sets(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -
 @click.option("--run-dir", default=None, help="Folder for the logs [default: a new one].")
 @click.option("--set", "sets", multiple=True, callback=_sets, metavar="SECTION.KEY=VALUE",
               help="Any flag of a process, e.g. router.spin_us=0 (repeatable).")  # fmt: skip
-@_worker_knobs
+@worker_knobs(SERVE_DEFAULTS)
 def serve(model: str | None, config_file: str | None, print_config: bool, dry_run: bool,
           devices: str | None, host: str | None, port: int | None, api_key: str | None,
-          keys: str | None, policy: str | None, run_dir: str | None,
+          keys: str | None, listen: str | None, join_addr: str | None, policy: str | None,
+          run_dir: str | None,
           sets: dict[str, dict[str, Any]], **knobs: Any) -> None:  # fmt: skip
     """Serve MODEL (a GGUF file, an MLX folder, a Hugging Face name such as
     ORG/NAME-GGUF:Q4_K_M; default: the embedded SmolLM2-135M) on every device of this
@@ -100,7 +121,8 @@ def serve(model: str | None, config_file: str | None, print_config: bool, dry_ru
         }
         sections = {s: {k: v for k, v in {**d, **sets.get(s, {})}.items() if v is not None}
                     for s, d in flags.items()}  # fmt: skip
-        top = {"model": model, "devices": devices, "keys": keys, "run_dir": run_dir}
+        top = {"model": model, "devices": devices, "keys": keys, "run_dir": run_dir,
+               "listen": listen, "join_addr": join_addr}  # fmt: skip
         cfg = cfg.with_flags(top, sections)
         _serve(cfg, print_config, dry_run)
     except (ValueError, FileNotFoundError) as exc:
@@ -111,7 +133,8 @@ def _serve(cfg: Any, print_config: bool, dry_run: bool) -> None:
     from tandem.common.model_files import ModelNotFound, resolve_model
     from tandem.launcher import config as conf
     from tandem.launcher.devices import devices, hints, pick, probe
-    from tandem.launcher.plan import effective, make_plan
+    from tandem.launcher.joinservice import private_keys, start_service
+    from tandem.launcher.plan import effective, join_address, make_plan
 
     if cfg.keys:  # a bad keys folder is refused before any process starts
         from tandem.common.auth import keys_dir
@@ -144,13 +167,18 @@ def _serve(cfg: Any, print_config: bool, dry_run: bool) -> None:
         click.echo(plan.describe())
         return
     folder = _run_dir(cfg.run_dir)
+    join_at = join_address(eff, plan.worker_addr)
+    if join_at and not eff.keys:  # other hosts may reach it: never without keys
+        eff = replace(eff, keys=str(private_keys(folder / "keys")))
+        plan = make_plan(eff, COMMANDS, str(path) if cfg.model and path else cfg.model, True)
     (folder / "tandem.toml").write_text(conf.dumps(eff))
     (folder / "plan.txt").write_text(plan.describe() + "\n")
     from tandem.launcher.screen import Screen
     from tandem.launcher.supervisor import Supervisor
 
+    service = start_service(join_at, eff, plan.worker_addr, path) if join_at else None
     name = path.name if path else "SmolLM2-135M"
-    sys.exit(Supervisor(plan, folder, Screen(), name).run(cfg.keys))
+    sys.exit(Supervisor(plan, folder, Screen(), name, service=service).run(eff.keys))
 
 
 def _run_dir(given: str | None) -> Path:

@@ -33,6 +33,7 @@ def workers_table(reply: p.StatusReply) -> str:
     rows = [
         [
             worker_label(w),
+            w.get("node") or "-",  # a router of before version 12 names none
             w["backend"],
             w["device"],
             f"{w['active']}/{w['max_active']}",
@@ -49,7 +50,7 @@ def workers_table(reply: p.StatusReply) -> str:
         ]
         for w in reply.workers
     ]
-    headers = ["worker", "backend", "device", "active", "queued", "kv", "blocks",
+    headers = ["worker", "node", "backend", "device", "active", "queued", "kv", "blocks",
                "cache device +host", "prefill/s profile", "live", "priced", "routed",
                "seen_s_ago", "caps"]  # fmt: skip
     notes = [
@@ -119,7 +120,10 @@ def worker_label(w: dict[str, Any]) -> str:
 def rates_table(workers: list[dict[str, Any]]) -> str:
     """Aggregate decode tok/s by batch size: the stored profile, what the worker's
     steps measured (with how many steps), and what the router prices with."""
-    width = max(len(w["decode_tok_s"]) for w in workers)
+    # The widest list of any worker: a Ready may give fewer rates than max_active,
+    # while the priced and live lists run to max_active.
+    width = max(len(w.get(k) or []) for w in workers
+                for k in ("decode_tok_s", "priced_decode_tok_s", "live_decode_tok_s"))  # fmt: skip
     rows: list[list[Any]] = []
     for w in workers:
         live = w.get("live_decode_tok_s") or []

@@ -78,14 +78,16 @@ def workers_table(rows: list[dict[str, Any]], starting: Sequence[dict[str, Any]]
         caption=CAPABILITIES_LEGEND,
         caption_justify="left",
     )
-    for col in ("worker", "device", "act", "queue", "infl", "routed", "KV", "blocks", "cache"):
-        t.add_column(col, justify="left" if col in ("worker", "device") else "right")
+    left = ("worker", "node", "device")
+    for col in (*left, "act", "queue", "infl", "routed", "KV", "blocks", "cache"):
+        t.add_column(col, justify="left" if col in left else "right")
     for col in ("prefill", "decode", "seen", "caps"):
         t.add_column(col, justify="right", no_wrap=True)
     for w in rows:
         cap = w.get("kv_capacity_tokens") or 0
         t.add_row(
             worker_label(w),
+            str(w.get("node") or "-"),
             str(w["device"]),
             f"{w['active']}/{w['max_active']}",
             str(w["queued"]),
@@ -107,7 +109,7 @@ def workers_table(rows: list[dict[str, Any]], starting: Sequence[dict[str, Any]]
                  "seen": f"{s['last_seen_s']:.1f}s"}  # fmt: skip
         t.add_row(*(cells.get(str(c.header), "") for c in t.columns), style="dim")
     if not rows and not starting:
-        t.add_row("(no worker registered)", *[""] * 12)
+        t.add_row("(no worker registered)", *[""] * (len(t.columns) - 1))
     return t
 
 

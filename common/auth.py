@@ -86,6 +86,27 @@ def exposed(address: str) -> bool:
     return not (host in LOOPBACK_HOSTS or host.startswith("127."))
 
 
+def authorize(folder: Path, role: str, name: str, public: bytes, note: str = "") -> Path:
+    """Accept the public key ``public`` (Z85) for ``role`` from the next handshake on:
+    ``folder/<role's domain>/<name>.key``, written whole then renamed into place (the
+    router never reads half a file). A public key is no secret: mode 0644."""
+    if role not in ROLES or not name.isidentifier():
+        raise ValueError(f"cannot authorize {role!r} key {name!r}")
+    domain = folder / ROLES[role]
+    domain.mkdir(exist_ok=True)
+    return write_public_key(domain / f"{name}.key", public, note)
+
+
+def write_public_key(path: Path, public: bytes, note: str = "") -> Path:
+    """A public certificate file ``zmq.auth.load_certificate`` reads, written whole then
+    renamed into place (a reader never sees half of it)."""
+    tmp = path.with_suffix(".tmp")
+    comment = f"#   {note}\n" if note and note.isprintable() else ""
+    tmp.write_text(f'#   tandem public key\n{comment}curve\n    public-key = "{public.decode()}"\n')
+    tmp.replace(path)
+    return path
+
+
 @dataclass
 class RouterGuard:
     """The router's side: CURVE server options per socket and the ZAP domains

@@ -33,6 +33,7 @@ from tandem.common.validation import (
     Count,
     Id,
     Label,
+    NodeName,
     Rate,
     Ref,
     Seconds,
@@ -42,7 +43,7 @@ from tandem.common.validation import (
     message_problem,
 )
 
-PROTOCOL_VERSION = 11  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds;
+PROTOCOL_VERSION = 12  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds;
 # 4: step_tokens (a worker that batches its deltas must not meet a router that cannot read them);
 # 5: batch (the router sends a peer what one turn owes it in one frame); 6: ready.provisional;
 # 7: msgspec Structs (fields at their default left out, ``type`` first, ids without control
@@ -50,7 +51,7 @@ PROTOCOL_VERSION = 11  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step
 # logprobs, ready.capabilities (a request that needs one must not reach a worker that drops it);
 # 9: heartbeat.cache, .steps and done.stats typed (their fields at their default left out);
 # 10: starting (a worker announces itself while it loads), status_reply.starting
-# 11: heartbeat.cache.tiers (the prefix cache's sizes by tier)
+# 11: heartbeat.cache.tiers (the prefix cache's sizes by tier); 12: ready.node (the machine)
 
 
 class FinishReason(StrEnum):
@@ -479,6 +480,8 @@ class Ready(Message, tag="ready"):
     provisional: bool = False
     # The Capability values it serves; strings, so a router reads a newer worker's list.
     capabilities: Annotated[list[Label], Meta(max_length=32)] = []
+    # The machine it runs on (common/nodes.py: TANDEM_NODE or the host's name); "" unknown.
+    node: NodeName = ""
 
 
 class StartStage(StrEnum):

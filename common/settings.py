@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 DEFAULT_CLIENT_ADDR = "tcp://127.0.0.1:5555"
 DEFAULT_WORKER_ADDR = "tcp://127.0.0.1:5556"
+DEFAULT_JOIN_PORT = 5557  # tandem serve's join service (tandem join), on the worker host
 
 
 @dataclass(frozen=True)

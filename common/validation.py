@@ -72,6 +72,8 @@ Ref = Annotated[str, Meta(min_length=1, max_length=MAX_ID_CHARS)]
 Label = Annotated[
     str, Meta(max_length=MAX_ID_CHARS, pattern=r"^[^\x00-\x1f\x7f-\x9f]*\Z")
 ]  # "" = unset
+# A machine's name (common/nodes.py): plain and short, as it labels /metrics series.
+NodeName = Annotated[str, Meta(max_length=64, pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]{0,63})?\Z")]
 Count = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
 TokenId = Annotated[int, Meta(ge=0, le=MAX_TOKEN_ID)]
 Tokens = Annotated[list[TokenId], Meta(max_length=MAX_TOKENS_PER_FRAME)]

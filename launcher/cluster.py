@@ -123,10 +123,10 @@ class Cluster:
         with self.client(timeout_s=5.0) as c:
             while time.monotonic() < deadline:
                 try:
-                    have = {w["id"] for w in c.status().workers}
+                    have, up = {w["id"] for w in c.status().workers}, True
                 except TandemError:
-                    have = set()
-                if ids <= have:
+                    up = False  # the router is not up yet: not even "no worker" is known
+                if up and ids <= have:
                     return
                 for name, proc in self.procs.items():
                     if proc.poll() is not None:

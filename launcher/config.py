@@ -2,6 +2,7 @@
 
     model = "ORG/NAME-GGUF:Q4_K_M"   # or a path; unset: the embedded default
     devices = "auto"                 # or "cpu", "gpu", "cpu,cuda:1", ...
+    listen = "0.0.0.0"               # other hosts may attach workers (tandem join)
     [router]                         # any `tandem router` flag: policy = "finish_time"
     [gateway]                        # any `tandem gateway` flag: port = 8000
     [worker]                         # any `tandem worker` flag, for every local worker
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-TOP_KEYS = ("model", "devices", "keys", "run_dir")
+TOP_KEYS = ("model", "devices", "keys", "run_dir", "listen", "join_addr")
 SECTIONS = ("router", "gateway", "worker", "workers")
 WORKER_EXTRA = ("remote", "env")  # serve's own keys of a [[workers]] entry
 
@@ -37,6 +38,10 @@ class ServeConfig:
     devices: str = "auto"
     keys: str | None = None  # CURVE keys folder, for every process
     run_dir: str | None = None  # logs; default: a new folder under the cache root
+    # Other hosts: the host the router's worker socket and the join service bind (None:
+    # as [router] worker_addr says, loopback by default), and the join service's address.
+    listen: str | None = None
+    join_addr: str | None = None
     router: dict[str, Any] = field(default_factory=dict)
     gateway: dict[str, Any] = field(default_factory=dict)
     worker: dict[str, Any] = field(default_factory=dict)  # every local worker's flags

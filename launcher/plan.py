@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from tandem.common.model_files import HubName, model_display_name
-from tandem.common.settings import addresses, env_str
+from tandem.common.settings import DEFAULT_JOIN_PORT, addresses, env_str
 from tandem.launcher.config import WORKER_EXTRA, ServeConfig
 from tandem.launcher.devices import Device
 
@@ -128,6 +128,8 @@ def make_plan(
     defaults = addresses()  # TANDEM_CLIENT_ADDR / TANDEM_WORKER_ADDR, as the other commands
     client = str(cfg.router.get("client_addr", defaults.client))
     worker_addr = str(cfg.router.get("worker_addr", defaults.worker))
+    if cfg.listen:  # other hosts attach: the worker socket listens where they reach it
+        worker_addr = with_host(worker_addr, cfg.listen)
     keys = {"keys": cfg.keys} if cfg.keys else {}
     router_values = {**cfg.router, "client_addr": client, "worker_addr": worker_addr, **keys}
     router_argv = _argv(cmds["router"], "router", "[router]", router_values)
@@ -153,6 +155,39 @@ def make_plan(
     url = f"http://{url_host}:{port}"
     name = model_display_name(_served(cfg))
     return Plan(tuple(procs), remote, client, worker_addr, url, api_key, f"{host}:{port}", name)
+
+
+def with_host(address: str, host: str) -> str:
+    """``address`` (tcp://HOST:PORT) on another host; ValueError for another scheme."""
+    if not address.startswith("tcp://"):
+        raise ValueError(f"--listen needs a tcp:// worker address, not {address!r}")
+    port = address.rsplit(":", 1)[1]
+    host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"tcp://{host}:{port}"
+
+
+def join_address(cfg: ServeConfig, worker_addr: str) -> str | None:
+    """Where the join service listens: ``join_addr``, else the worker socket's host at
+    port DEFAULT_JOIN_PORT; None when serve runs none (no --listen, no join_addr, no
+    remote worker: no other host is meant to attach)."""
+    remote = any(not _local(w) for w in cfg.workers)
+    if not (cfg.join_addr or cfg.listen or remote):
+        return None
+    if cfg.join_addr:
+        return cfg.join_addr
+    if not worker_addr.startswith("tcp://"):
+        raise ValueError("other hosts need a tcp:// worker address ([router] worker_addr)")
+    return with_host(f"tcp://x:{DEFAULT_JOIN_PORT}", worker_addr[6:].rsplit(":", 1)[0])
+
+
+def worker_plan(
+    cfg: ServeConfig, cmd: click.Command, worker_addr: str, model_path: str | None = None
+) -> Plan:
+    """Only ``cfg``'s workers, against a router that runs elsewhere (``tandem join``):
+    no router, no gateway, nothing expected from other hosts."""
+    _reserved("worker", "[worker]", cfg.worker)
+    procs = _workers(cfg, cmd, worker_addr, model_path, progress=True)
+    return Plan(tuple(procs), (), "", worker_addr, "", None)
 
 
 def _served(cfg: ServeConfig) -> str | None:

@@ -24,6 +24,7 @@ class Probes:
         self._client: Any = None
         self._workers: dict[str, dict[str, Any]] = {}
         self._polled_s = 0.0
+        self._polled_ok = False  # a status has been read
         self.model: str | None = None  # the served model's name, once a worker has said
 
     def _connect(self) -> Any:
@@ -63,13 +64,13 @@ class Probes:
         if row is None or float(row.get("last_seen_s", 0.0)) >= self._polled_s - started_s:
             return None
         self.model = self.model or row.get("model")
-        prefill = row.get("prefill_tok_s") or 0.0
-        decode = row.get("decode_tok_s") or [0.0]
-        note = " (provisional: refined while serving)" if row.get("provisional") else ""
-        return (
-            f"registered: {row.get('backend')} on {row.get('device')}, prefill "
-            f"{prefill:.0f} tok/s, decode {decode[0]:.0f} tok/s at batch 1{note}"
-        )
+        return registered(row)
+
+    def workers(self) -> dict[str, dict[str, Any]] | None:
+        """The router's worker rows by id, as of the last status (polled at most every
+        STATUS_EVERY_S); None while the router has not answered one."""
+        self._poll()
+        return self._workers if self._polled_ok else None
 
     def _poll(self) -> None:
         """One status query per STATUS_EVERY_S, shared by every worker's check."""
@@ -83,10 +84,22 @@ class Probes:
         except TandemError:
             return
         self._workers = {str(w["id"]): w for w in rows}
+        self._polled_ok = True
 
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+
+
+def registered(row: dict[str, Any]) -> str:
+    """A worker row of the router's status in words: what it runs on and its rates."""
+    prefill = row.get("prefill_tok_s") or 0.0
+    decode = row.get("decode_tok_s") or [0.0]
+    note = " (provisional: refined while serving)" if row.get("provisional") else ""
+    return (
+        f"registered: {row.get('backend')} on {row.get('device')}, prefill "
+        f"{prefill:.0f} tok/s, decode {decode[0]:.0f} tok/s at batch 1{note}"
+    )
 
 
 def port_problem(plan: Plan, keys: str | None = None) -> tuple[str, str] | None:

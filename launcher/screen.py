@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,14 @@ class Screen:
         if tail:
             self.console.print(f"--- last lines of {log}:\n{tail}", style="dim", markup=False)
 
-    def ready(self, plan: Plan, model: str, workers: list[str], run_dir: Path) -> None:
+    def ready(
+        self,
+        plan: Plan,
+        model: str,
+        workers: list[str],
+        run_dir: Path,
+        others: Sequence[tuple[str, str]] = (),
+    ) -> None:
         self.bars.stop()
         out = self.console
         out.print(f"ready: {plan.url}/v1", style="bold green", markup=False)
@@ -91,19 +99,10 @@ class Screen:
             ("model", model if shown == model else f"{shown} ({model})"),
             ("workers", ", ".join(workers)),
             ("OpenAI API", f"{plan.url}/v1"),
-            ("router", f"{plan.client_addr} (tandem generate / status / top)"),
+            ("router", f"{plan.client_addr} (tandem generate / status / top{_keys(plan)})"),
             ("logs", str(run_dir)),
         ]
-        attach = "on its host: tandem worker --router {} --worker-id {} --model {}"
-        rows += [("expects", attach.format(plan.worker_addr, w, model)) for w in plan.remote]
-        if plan.remote and ("127.0.0.1" in plan.worker_addr or "localhost" in plan.worker_addr):
-            rows.append(
-                (
-                    "warning",
-                    "remote workers cannot reach a loopback address: set "
-                    '[router] worker_addr = "tcp://0.0.0.0:PORT"',
-                )
-            )
+        rows += list(others)  # other hosts: the tandem join command (launcher/fleet.py)
         for key, value in rows:
             out.print(f"  {key:<11} {value}", markup=False)
         out.print("  try:", markup=False)
@@ -113,6 +112,12 @@ class Screen:
 
     def close(self) -> None:
         self.bars.stop()
+
+
+def _keys(plan: Plan) -> str:
+    """`` --keys DIR`` when the router runs with keys (its clients need them too)."""
+    argv = next((p.argv for p in plan.procs if p.role == "router"), ())
+    return f" --keys {argv[argv.index('--keys') + 1]}" if "--keys" in argv else ""
 
 
 def curl(plan: Plan, model: str) -> str:

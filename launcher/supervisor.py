@@ -24,6 +24,8 @@ from typing import IO, Any
 
 import psutil
 
+from tandem.launcher.fleet import Fleet
+from tandem.launcher.joinservice import JoinService
 from tandem.launcher.plan import Plan, Proc
 from tandem.launcher.probes import Probes, port_problem
 from tandem.launcher.screen import Screen
@@ -73,6 +75,7 @@ class Supervisor:
         model: str,
         grace_s: float = 5.0,
         prefix: tuple[str, ...] = (sys.executable, "-m", "tandem"),  # a plan's argv follows
+        service: JoinService | None = None,
     ) -> None:
         self.plan, self.run_dir, self.screen, self.model = plan, run_dir, screen, model
         self.grace_s, self.prefix = grace_s, prefix
@@ -81,14 +84,16 @@ class Supervisor:
         self.stop = threading.Event()
         self.hurry = False  # a second signal: SIGKILL at once
         self.ready_shown = False
-        self.remote_waiting = set(plan.remote)
+        local = {c.name for c in self.children}
+        self.fleet = Fleet(screen, local, set(plan.remote), service)
 
     # ---------------------------------------------------------------- run
     def run(self, keys: str | None = None) -> int:
         """Serve until a signal (exit 0) or until the router or gateway cannot start,
         or no worker can (exit 1, with the reason)."""
-        problem = port_problem(self.plan, keys)
+        problem = self._bind_problem(keys)
         if problem:
+            self.fleet.close()
             self.screen.failure(*problem, None)
             return 1
         signals = (signal.SIGINT, signal.SIGTERM)
@@ -112,11 +117,16 @@ class Supervisor:
             return 1
         finally:
             probes.close()
+            self.fleet.close()
             self.screen.close()
             left = self.stop_all()
             print(f"stopped ({left} process{'es' if left != 1 else ''} had to be killed)")
             for sig, handler in before.items():
                 signal.signal(sig, handler)
+
+    def _bind_problem(self, keys: str | None) -> tuple[str, str] | None:
+        """An address the plan binds that is taken, before anything starts."""
+        return port_problem(self.plan, keys)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.stop.is_set():  # asked twice: no more grace
@@ -237,12 +247,8 @@ class Supervisor:
                 self.screen.line("up", child.name, detail)
 
     def _observe_remote(self, probes: Probes) -> None:
-        """Say once when each expected remote worker has attached."""
-        for wid in self.remote_waiting.copy():
-            detail = probes.worker(wid, float("-inf"))
-            if detail is not None:
-                self.remote_waiting.discard(wid)
-                self.screen.line("up", wid, f"(remote) {detail}")
+        """Workers of other hosts as they attach and leave; hosts that join."""
+        self.fleet.observe(probes)
 
     def _maybe_ready(self, probes: Probes) -> None:
         if self.ready_shown:
@@ -252,7 +258,7 @@ class Supervisor:
             self.ready_shown = True
             workers = [c.name for c in running if c.proc.role == "worker"]
             model = probes.model or self.model
-            self.screen.ready(self.plan, model, workers, self.run_dir)
+            self.screen.ready(self.plan, model, workers, self.run_dir, self.fleet.rows())
 
     # ---------------------------------------------------------------- stop
     def stop_all(self) -> int:

@@ -7,6 +7,7 @@ import socket
 from dataclasses import dataclass, field
 
 from tandem.common.affinity import usable_cores
+from tandem.common.nodes import checked_node, default_node
 from tandem.workers.prefix_cache import POLICIES
 
 # The backends by name; workers/backends/__init__.py maps each to its class (and imports
@@ -89,8 +90,10 @@ class WorkerConfig:
     cache_mem: int | None = None
     host_cache_mem_frac: float | None = None
     host_cache_mem: int | None = None
+    node: str = ""  # the machine, shown in status and /metrics; "": TANDEM_NODE or the host
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "node", checked_node(self.node) if self.node else default_node())
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, not {self.backend!r}")
         if self.threads < 0 or self.n_ctx < 64:

@@ -134,6 +134,7 @@ def ready_message(
         weights=backend.weights_digest,
         provisional=provisional,
         capabilities=list(backend.capabilities),  # what the router may route here
+        node=cfg.node,
     )
 
 

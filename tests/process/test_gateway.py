@@ -18,6 +18,7 @@ import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 from tandem.broker.policies import DEFAULT_POLICY
+from tandem.common.nodes import default_node
 from tandem.launcher.cluster import Cluster, WorkerSpec, free_tcp_port
 from tests.helpers import LLAMA_ARGS, needs_llama
 
@@ -300,9 +301,12 @@ def test_metrics_parse_and_move_with_traffic(served):
     bad = 'tandem_frames_rejected_total{reason="malformed",source="client"}'
     assert after[bad] == before.get(bad, 0) + 1
     assert after["tandem_workers"] == 1
-    assert after[f"tandem_worker_kv_capacity_tokens{w}"] == 4096
-    assert after[f"tandem_worker_cached_blocks{w}"] >= 0
-    adv = 'tandem_worker_decode_tokens_per_second{batch="1",source="advertised",worker="cpu0"}'
+    node = default_node()  # the worker's machine labels its gauges (TANDEM_NODE unset here)
+    wn = f'{{node="{node}",worker="cpu0"}}'
+    assert after[f"tandem_worker_kv_capacity_tokens{wn}"] == 4096
+    assert after[f"tandem_worker_cached_blocks{wn}"] >= 0
+    labels = f'batch="1",node="{node}",source="advertised",worker="cpu0"'
+    adv = f"tandem_worker_decode_tokens_per_second{{{labels}}}"
     assert after[adv] > 0
 
 

@@ -5,6 +5,7 @@ error with nothing started; a child that ignores SIGTERM is killed after the gra
 from __future__ import annotations
 
 import io
+import json
 import os
 import queue
 import re
@@ -19,6 +20,8 @@ import psutil
 import pytest
 from rich.console import Console
 
+from tandem.common.auth import make_keys
+from tandem.common.nodes import default_node
 from tandem.launcher.cluster import Cluster, free_tcp_address, free_tcp_port
 from tandem.launcher.plan import Plan, Proc
 from tandem.launcher.probes import port_problem
@@ -41,12 +44,10 @@ def serve_command(port: int, client_addr: str, worker_addr: str) -> list[str]:
             "--set", f"router.worker_addr='{worker_addr}'"]  # fmt: skip
 
 
-class Served:
-    """A `tandem serve` process and its stdout, line by line."""
+class Watched:
+    """A process and its output (stdout and stderr), line by line."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
-        self.port, self.client_addr, self.worker_addr = free_addresses()
-        cmd = serve_command(self.port, self.client_addr, self.worker_addr) + args
+    def __init__(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )
@@ -73,6 +74,14 @@ class Served:
             if all(w in line for w in words):
                 return line
         pytest.fail(f"no line with {words}; output:\n" + "\n".join(self.seen))
+
+
+class Served(Watched):
+    """A `tandem serve` process and its stdout, line by line."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.port, self.client_addr, self.worker_addr = free_addresses()
+        super().__init__(serve_command(self.port, self.client_addr, self.worker_addr) + args, env)
 
     def descendants(self) -> list[psutil.Process]:
         return psutil.Process(self.proc.pid).children(recursive=True)
@@ -278,28 +287,42 @@ def test_ctrl_c_at_the_terminal_stops_everything(tmp_path):
             proc.wait()
 
 
-def test_a_remote_worker_from_the_config_is_announced_when_it_attaches(tmp_path):
-    """[[workers]] remote = true: serve is ready without it, shows how to attach it,
-    and says so when a worker of that id registers (simulated workers: no model)."""
+def test_remote_workers_are_listed_with_their_nodes_as_they_attach_and_die(tmp_path):
+    """[[workers]] remote = true: serve is ready without it and prints the tandem join
+    command for it; a worker of another host that nobody expected is listed with its
+    node when it attaches, and said gone when it is killed outright (simulated
+    workers: no model). `tandem status --json` names every worker's node."""
+    keys = tmp_path / "keys"
+    make_keys(keys)
     config = tmp_path / "tandem.toml"
     config.write_text(
         "[worker]\nbackend = 'sim'\nprofile = 'cpu-m2'\n"
         "[[workers]]\nworker_id = 'cpu0'\n[[workers]]\nworker_id = 'far0'\nremote = true\n"
     )
-    s = Served(["--config", str(config), "--run-dir", str(tmp_path / "run")])
-    far = None
+    join_addr = free_tcp_address()
+    s = Served(["--config", str(config), "--keys", str(keys), "--join-addr", join_addr,
+                "--run-dir", str(tmp_path / "run")])  # fmt: skip
+    extra = None
     try:
         s.expect("ready:")
         attach = s.expect("expects", "far0")
-        assert f"--router {s.worker_addr} --worker-id far0" in attach
+        assert f"tandem join {join_addr} --token tdj1." in attach and "--node far0" in attach
         cmd = [sys.executable, "-m", "tandem", "worker", "--router", s.worker_addr,
-               "--worker-id", "far0", "--backend", "sim", "--profile", "cpu-m2"]  # fmt: skip
-        far = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        s.expect("far0", "(remote)", "registered", timeout_s=60)
+               "--worker-id", "extra0", "--node", "elsewhere", "--backend", "sim",
+               "--profile", "cpu-m2", "--keys", str(keys)]  # fmt: skip
+        extra = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        s.expect("extra0", "(remote, node elsewhere)", "registered", timeout_s=60)
+        status = [sys.executable, "-m", "tandem", "status", "--json", "--router",
+                  s.client_addr, "--keys", str(keys)]  # fmt: skip
+        rows = json.loads(subprocess.run(status, capture_output=True, check=True).stdout)
+        nodes = {w["id"]: w["node"] for w in rows["workers"]}
+        assert nodes == {"cpu0": default_node(), "extra0": "elsewhere"}
+        extra.kill()  # no Goodbye: the router notices the closed connection
+        s.expect("extra0", "(remote, node elsewhere)", "left the router", timeout_s=30)
     finally:
-        if far is not None:
-            far.terminate()
-            far.wait(timeout=10)
+        if extra is not None:
+            extra.kill()
+            extra.wait(timeout=10)
         s.proc.terminate()
         assert s.proc.wait(timeout=30) == 0
 

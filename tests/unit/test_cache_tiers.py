@@ -274,7 +274,9 @@ def test_the_router_shows_the_tiers_in_status_and_metrics(h):
     registry = h.core.metrics.registry
 
     def gauge(name: str, tier: str) -> float | None:
-        return registry.get_sample_value(f"tandem_worker_{name}", {"worker": "a", "tier": tier})
+        return registry.get_sample_value(
+            f"tandem_worker_{name}", {"worker": "a", "node": "", "tier": tier}
+        )
 
     assert gauge("cache_tokens", "device") == 3000 and gauge("cache_tokens", "host") == 20_000
     assert gauge("cache_capacity_tokens", "host") == 300_000

@@ -14,6 +14,8 @@ RATES = (100.0, [50.0, 80.0])
 
 
 def value(h: Harness, name: str, **labels: str) -> float | None:
+    if name.startswith("tandem_worker_"):  # per-worker gauges name the node too
+        labels.setdefault("node", "")
     return h.core.metrics.registry.get_sample_value(name, labels)
 
 
@@ -128,3 +130,34 @@ def test_the_request_series_export_what_prometheus_client_would() -> None:
     got, want = _samples(ours), _samples(ref)
     assert [x[:2] for x in got] == [x[:2] for x in want]
     assert [x[2] for x in got if "_sum" not in x[0]] == [x[2] for x in want if "_sum" not in x[0]]
+
+
+def test_a_workers_node_reaches_status_top_and_its_gauges(h: Harness) -> None:
+    """Ready.node (the worker's machine) is kept by the router: the status row's
+    `node`, the status table's and top's node column, the per-worker gauges' label."""
+    import io
+
+    from rich.console import Console
+
+    from tandem.cli import tables, top
+    from tandem.common.transport import DealerSocket
+    from tests.helpers import fake_ready
+
+    sock = DealerSocket(h.router.worker_sock.address, identity=b"mac-gpu0")
+    sock.send(p.replace(fake_ready("mac-gpu0", RATES, 4, h.spec), node="mac-studio"))
+    h.pump()
+    assert isinstance(h.recv(sock), p.Welcome)
+    h.workers["mac-gpu0"] = sock
+    h.heartbeat("mac-gpu0", 1)
+    row = h.core.workers["mac-gpu0"].describe()
+    assert row["node"] == "mac-studio"
+    gauge = "tandem_worker_kv_capacity_tokens"
+    assert value(h, gauge, worker="mac-gpu0", node="mac-studio") == 8192
+    reply = p.StatusReply(policy="x", workers=[row])
+    assert "mac-studio" in tables.workers_table(reply).splitlines()[3]  # policy, head, rule
+    out = io.StringIO()
+    Console(file=out, width=240).print(top.workers_table([row]))
+    assert "mac-studio" in out.getvalue()
+    h.workers.pop("mac-gpu0").send(p.Goodbye("mac-gpu0"))
+    h.pump()
+    assert value(h, gauge, worker="mac-gpu0", node="mac-studio") is None  # gone with it

@@ -224,10 +224,10 @@ def test_status_and_metrics_show_a_provisional_worker_until_its_steps_bear_it_ou
     gauge = "tandem_worker_provisional"
     h.heartbeat("cpu0", 1)
     assert h.core.workers["cpu0"].describe()["provisional"]
-    assert h.core.metrics.registry.get_sample_value(gauge, {"worker": "cpu0"}) == 1
+    assert h.core.metrics.registry.get_sample_value(gauge, {"worker": "cpu0", "node": ""}) == 1
     h.heartbeat("cpu0", 2, steps=live({1: 60.0}, TRUSTED_STEPS).to_wire())
     assert not h.core.workers["cpu0"].describe()["provisional"]
-    assert h.core.metrics.registry.get_sample_value(gauge, {"worker": "cpu0"}) == 0
+    assert h.core.metrics.registry.get_sample_value(gauge, {"worker": "cpu0", "node": ""}) == 0
 
 
 def test_tandem_status_stars_a_provisional_worker_and_says_why() -> None:
