@@ -96,7 +96,7 @@ def auto_workers(found: list[Device]) -> list[dict[str, Any]]:
     for i, d in enumerate(d for d in found if d.gpu):
         # MLX picks its GPU by --device gpu; llama.cpp offloads to it when labelled gpu-*.
         device = "gpu" if d.backend == "mlx" else f"gpu-{d.kind}"
-        w = {"worker_id": f"gpu{i}", "backend": d.backend, "device": device}
+        w: dict[str, Any] = {"worker_id": f"gpu{i}", "backend": d.backend, "device": device}
         w |= {"max_active": GPU_MAX_ACTIVE, "keep_profile": True}
         out.append({**w, **({"env": d.env} if d.env else {})})
     cpu = [d for d in found if not d.gpu]

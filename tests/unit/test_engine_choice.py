@@ -117,3 +117,18 @@ def test_a_serve_worker_keeps_its_first_measurement_and_never_overwrites_one(mon
     assert read_rates("llama.cpp", "gpu-cuda", MODEL) == (9000.0, [400.0, 700.0])
     keep_start_rates(backend, 1.0, [1.0], "quick start-up measurement")  # a later start
     assert read_rates("llama.cpp", "gpu-cuda", MODEL) == (9000.0, [400.0, 700.0])
+
+
+def test_probing_loads_no_gpu_library_into_the_supervisor():
+    """The probe's child imports MLX and llama.cpp (where a GPU could be behind them);
+    the process asking, serve's supervisor, loads neither: on an H200 it would keep a
+    CUDA context (518 MiB) for as long as it lives."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from tandem.launcher.devices import probe; m = probe(); "
+        "print(m.cores >= 1, [n for n in ('llama_cpp', 'mlx') if n in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split("\n")[0] == "True []", out.stderr
