@@ -75,6 +75,14 @@ class RouterMetrics:
             ("worker", "policy"),
             r,
         )
+        # Beside ``routed``: a worker that is routed more than it serves is losing
+        # requests (reroutes, failures); the two per worker say it in one scrape.
+        self.served = _Counter(
+            "tandem_requests_served",
+            "Requests a worker finished, by the worker and the finish reason.",
+            ("worker", "outcome"),
+            r,
+        )
         self.prompt_tokens = _Counter(
             "tandem_prompt_tokens", "Prompt tokens of finished requests.", ("worker",), r
         )
@@ -234,6 +242,7 @@ class RouterMetrics:
         """A request finished on a worker; ``stats`` are the Done stats sent to the client."""
         self.on_outcome(policy, finish_reason)
         key = (stats.worker or "",)
+        self.served.inc((key[0], finish_reason))
         self.prompt_tokens.inc(key, stats.prompt_tokens or 0)
         self.cached_tokens.inc(key, stats.cached_tokens or 0)
         if stats.ttft_s is not None:

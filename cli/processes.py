@@ -218,6 +218,12 @@ def cache_memory_options(f: Any) -> Any:
     default="",
     help="The machine's name in status, top and /metrics [default: the host's name].",
 )
+@click.option(
+    "--keep-profile",
+    is_flag=True,
+    help="Store what this worker measures at its start as its profile when none is "
+    "stored, so that its next start registers at once (tandem serve's workers do).",
+)
 @sim_profile
 @cpus_option
 @keys_option
@@ -244,6 +250,7 @@ def worker(
     decode_tok_s: str | None,
     warmup: str,
     progress_json: bool,
+    keep_profile: bool,
     profile_file: str | None,
     cpus: tuple[int, ...] | None,
     keys: str | None,
@@ -277,6 +284,7 @@ def worker(
             profile=profile_file,
             warmup=warmup,
             progress_json=progress_json,
+            keep_profile=keep_profile,
             cpus=cpus,
             keys=keys,
             cache_mem_frac=cache_mem_frac,

@@ -76,6 +76,13 @@ def _sets(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -
 @click.option(
     "--devices", default=None, help="auto | cpu | gpu | metal | cuda | cuda:N, comma list."
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["auto", "llama.cpp", "mlx"]),
+    default=None,
+    help="Each GPU's engine: auto = the one its stored profiles measured fastest there "
+    "(before any is measured: llama.cpp on CUDA, MLX on Apple silicon) [default: auto].",
+)
 @click.option("--host", default=None, help="Gateway address [default: 127.0.0.1].")
 @click.option("--port", type=int, default=None, help="Gateway port [default: 8000].")
 @click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on /v1/*.")
@@ -103,9 +110,9 @@ def _sets(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -
               help="Any flag of a process, e.g. router.spin_us=0 (repeatable).")  # fmt: skip
 @worker_knobs(SERVE_DEFAULTS)
 def serve(model: str | None, config_file: str | None, print_config: bool, dry_run: bool,
-          devices: str | None, host: str | None, port: int | None, api_key: str | None,
-          keys: str | None, listen: str | None, join_addr: str | None, policy: str | None,
-          run_dir: str | None,
+          devices: str | None, engine: str | None, host: str | None, port: int | None,
+          api_key: str | None, keys: str | None, listen: str | None, join_addr: str | None,
+          policy: str | None, run_dir: str | None,
           sets: dict[str, dict[str, Any]], **knobs: Any) -> None:  # fmt: skip
     """Serve MODEL (a GGUF file, an MLX folder, a Hugging Face name such as
     ORG/NAME-GGUF:Q4_K_M; default: the embedded SmolLM2-135M) on every device of this
@@ -121,8 +128,8 @@ def serve(model: str | None, config_file: str | None, print_config: bool, dry_ru
         }
         sections = {s: {k: v for k, v in {**d, **sets.get(s, {})}.items() if v is not None}
                     for s, d in flags.items()}  # fmt: skip
-        top = {"model": model, "devices": devices, "keys": keys, "run_dir": run_dir,
-               "listen": listen, "join_addr": join_addr}  # fmt: skip
+        top = {"model": model, "devices": devices, "engine": engine, "keys": keys,
+               "run_dir": run_dir, "listen": listen, "join_addr": join_addr}  # fmt: skip
         cfg = cfg.with_flags(top, sections)
         _serve(cfg, print_config, dry_run)
     except (ValueError, FileNotFoundError) as exc:
@@ -157,28 +164,47 @@ def _serve(cfg: Any, print_config: bool, dry_run: bool) -> None:
         if not found and not cfg.workers:
             why = "install mlx (the mlx-cpu, mlx-metal or mlx-cuda extra) or serve a GGUF"
             raise ValueError(f"{path} is an MLX model folder and no device here runs MLX; {why}")
+    found, choices = _engines(cfg, found, path)
     eff = effective(cfg, found)
     if print_config:
         make_plan(eff, COMMANDS)  # refuse what the processes would refuse
         click.echo(conf.dumps(eff), nl=False)
         return
     plan = make_plan(eff, COMMANDS, str(path) if cfg.model and path else cfg.model, progress=True)
+    shown = "".join(c.line() + "\n" for c in choices) + plan.describe()
     if dry_run:
-        click.echo(plan.describe())
+        click.echo(shown)
         return
+    from tandem.launcher.engines import record
+
     folder = _run_dir(cfg.run_dir)
     join_at = join_address(eff, plan.worker_addr)
     if join_at and not eff.keys:  # other hosts may reach it: never without keys
         eff = replace(eff, keys=str(private_keys(folder / "keys")))
         plan = make_plan(eff, COMMANDS, str(path) if cfg.model and path else cfg.model, True)
     (folder / "tandem.toml").write_text(conf.dumps(eff))
-    (folder / "plan.txt").write_text(plan.describe() + "\n")
+    (folder / "plan.txt").write_text(shown + "\n")
+    record(choices, folder)
+    for c in choices:
+        click.echo(c.line(), err=True)
     from tandem.launcher.screen import Screen
     from tandem.launcher.supervisor import Supervisor
 
     service = start_service(join_at, eff, plan.worker_addr, path) if join_at else None
     name = path.name if path else "SmolLM2-135M"
     sys.exit(Supervisor(plan, folder, Screen(), name, service=service).run(eff.keys))
+
+
+def _engines(cfg: Any, found: list[Any], path: Path | None) -> tuple[list[Any], list[Any]]:
+    """Each GPU's engine (launcher/engines.py), by the model's stored profiles."""
+    from tandem.common.model_files import DEFAULT_MODEL_FILE
+    from tandem.launcher.engines import apply
+    from tandem.workers.profiles import read_rates
+
+    forced = None if cfg.engine == "auto" else cfg.engine
+    model = path.name if path is not None else Path(cfg.model or DEFAULT_MODEL_FILE).name
+    max_active = int(cfg.worker.get("max_active", GPU_MAX_ACTIVE))
+    return apply(found, model, max_active, read_rates, forced)
 
 
 def _run_dir(given: str | None) -> Path:

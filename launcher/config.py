@@ -2,6 +2,7 @@
 
     model = "ORG/NAME-GGUF:Q4_K_M"   # or a path; unset: the embedded default
     devices = "auto"                 # or "cpu", "gpu", "cpu,cuda:1", ...
+    engine = "auto"                  # each GPU's engine: auto (fastest measured), llama.cpp, mlx
     listen = "0.0.0.0"               # other hosts may attach workers (tandem join)
     [router]                         # any `tandem router` flag: policy = "finish_time"
     [gateway]                        # any `tandem gateway` flag: port = 8000
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-TOP_KEYS = ("model", "devices", "keys", "run_dir", "listen", "join_addr")
+TOP_KEYS = ("model", "devices", "engine", "keys", "run_dir", "listen", "join_addr")
 SECTIONS = ("router", "gateway", "worker", "workers")
 WORKER_EXTRA = ("remote", "env")  # serve's own keys of a [[workers]] entry
 
@@ -36,6 +37,7 @@ class ServeConfig:
 
     model: str | None = None
     devices: str = "auto"
+    engine: str = "auto"  # the GPUs' engine: auto (launcher/engines.py), llama.cpp or mlx
     keys: str | None = None  # CURVE keys folder, for every process
     run_dir: str | None = None  # logs; default: a new folder under the cache root
     # Other hosts: the host the router's worker socket and the join service bind (None:

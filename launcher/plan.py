@@ -89,16 +89,20 @@ def effective(cfg: ServeConfig, found: list[Device]) -> ServeConfig:
 
 
 def auto_workers(found: list[Device]) -> list[dict[str, Any]]:
+    """One worker per device, each keeping what it measures at its first start as its
+    profile: its next start registers at once, and serve chooses each GPU's engine by
+    those profiles (launcher/engines.py)."""
     out: list[dict[str, Any]] = []
     for i, d in enumerate(d for d in found if d.gpu):
         # MLX picks its GPU by --device gpu; llama.cpp offloads to it when labelled gpu-*.
         device = "gpu" if d.backend == "mlx" else f"gpu-{d.kind}"
-        w = {"worker_id": f"gpu{i}", "backend": d.backend, "device": device}
-        out.append({**w, "max_active": GPU_MAX_ACTIVE, **({"env": d.env} if d.env else {})})
+        w: dict[str, Any] = {"worker_id": f"gpu{i}", "backend": d.backend, "device": device}
+        w |= {"max_active": GPU_MAX_ACTIVE, "keep_profile": True}
+        out.append({**w, **({"env": d.env} if d.env else {})})
     cpu = [d for d in found if not d.gpu]
     if cpu:
         w = {"worker_id": "cpu0", "backend": cpu[0].backend, "device": "cpu"}
-        out.insert(0, {**w, "max_active": CPU_MAX_ACTIVE})
+        out.insert(0, {**w, "max_active": CPU_MAX_ACTIVE, "keep_profile": True})
     return out
 
 

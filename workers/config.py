@@ -83,6 +83,7 @@ class WorkerConfig:
     cpus: tuple[int, ...] | None = None  # cores this worker (and its threads) may use
     warmup: str = "auto"  # auto | quick | on | off: see ``measurement``
     progress_json: bool = False  # JSON progress lines on stdout (workers/startup.py)
+    keep_profile: bool = False  # store the start-up measurement where no profile is stored
     keys: str | None = None  # CURVE keys folder (common/auth.py); None: TANDEM_KEYS or none
     # The prefix cache's memory (workers/memory.py): a fraction of the device's available
     # memory or a size in bytes (None: the device's default), and the host-RAM tier's.
@@ -116,16 +117,18 @@ class WorkerConfig:
         """What the worker measures before it registers: "full" (every batch shape,
         ``workers.profiler.warm_up``), "quick" (a few steps, seconds) or "none".
 
-        auto: a GPU measures in full (its first shapes compile kernels, which serving
-        must not pay); a simulated device nothing (its profile is its definition);
-        any other device nothing when ``told`` (the rate flags or a stored profile
-        price it: it registers at once and its live steps correct that), else quick.
+        auto: MLX on a GPU measures in full (its first shapes compile kernels, which
+        serving must not pay: 90-180 s on a fresh H200); a simulated device nothing
+        (its profile is its definition); any other device, llama.cpp on a GPU too
+        (its kernels are compiled into the build), nothing when ``told`` (the rate
+        flags or a stored profile price it: it registers at once and its live steps
+        correct that), else quick.
         """
         if self.warmup != "auto":
             return {"on": "full", "quick": "quick", "off": "none"}[self.warmup]
         if device.startswith("sim"):
             return "none"
-        if device.startswith("gpu"):
+        if device.startswith("gpu") and self.backend == "mlx":
             return "full"
         return "none" if told else "quick"
 

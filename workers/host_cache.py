@@ -95,12 +95,15 @@ def cache_plan(cfg: WorkerConfig, model: str | Path, device: str) -> CachePlan:
         "host_cache_mem": cfg.host_cache_mem,
     }
     modelled = _modelled_memory(cfg)
+    per_token = kv_bytes_per_token(path)
     if modelled is None:
-        return plan(backend=cfg.backend, device=device, bytes_per_token=kv_bytes_per_token(path),
-                    weights_bytes=weights, **sizes)  # fmt: skip
+        # The active requests' KV at the longest context, which the cache leaves free.
+        batch_kv = cfg.engine.max_active * cfg.n_ctx * per_token
+        return plan(backend=cfg.backend, device=device, bytes_per_token=per_token,
+                    weights_bytes=weights, batch_kv_bytes=batch_kv, **sizes)  # fmt: skip
     device_mem, host_mem = modelled.memories()
     got = plan(backend=modelled.backend, device=modelled.device,
-               bytes_per_token=kv_bytes_per_token(path), weights_bytes=weights,
+               bytes_per_token=per_token, weights_bytes=weights,
                device_mem=device_mem, host_mem=host_mem, **sizes)  # fmt: skip
     return dataclasses.replace(got, host_tokens=0, host_source="none (a sim worker)")
 

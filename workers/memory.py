@@ -8,8 +8,11 @@ of a 512-token sequence measured 23,053 a token), 46,603 tokens per GiB.
 Which memory a worker sizes from (``device_memory``):
 
 - a CPU worker: host RAM available now (psutil);
-- a CUDA GPU: its free memory (nvidia-smi), less the weights still to load;
-- Metal: MLX's recommended working set, less the weights.
+- a CUDA GPU: its free memory (nvidia-smi), less the weights still to load and
+  the KV of a full batch at the longest context (``batch_kv_bytes``), with a tenth
+  of the GPU left as headroom (GPU_HEADROOM_FRAC) for activations, the CUDA
+  context, cuBLAS workspaces and the allocator's cached buffers;
+- Metal: MLX's recommended working set, less the same.
 
 The host tier (workers/host_cache.py) takes its own share of host RAM.
 
@@ -34,6 +37,7 @@ log = logging.getLogger(__name__)
 
 GIB = 1 << 30
 RESERVE_BYTES = 2 * GIB  # left to the system and the other processes, whatever the fraction
+GPU_HEADROOM_FRAC = 0.1  # of a GPU's total memory, never given to the prefix cache
 # Default fractions of the available memory: a GPU is the worker's own; host RAM is shared.
 DEVICE_FRAC = {"gpu": 0.8, "cpu": 0.05}
 HOST_FRAC = 0.1
@@ -149,13 +153,19 @@ def _metal_memory() -> Memory | None:
     return Memory(total, working_set, "Metal recommended working set (mlx)")
 
 
-def share(memory: Memory, frac: float, cap_bytes: int | None = None, less: int = 0) -> int:
+def share(
+    memory: Memory,
+    frac: float,
+    cap_bytes: int | None = None,
+    less: int = 0,
+    reserve: int = RESERVE_BYTES,
+) -> int:
     """``frac`` of what ``memory`` has available (less ``less`` bytes, e.g. weights still
-    to load), at most ``cap_bytes``, leaving ``RESERVE_BYTES`` of it untouched."""
+    to load), at most ``cap_bytes``, leaving ``reserve`` bytes of it untouched."""
     if not 0 <= frac <= 1:
         raise ValueError(f"a memory fraction must be in [0, 1], not {frac}")
     free = max(0, memory.available_bytes - less)
-    out = min(int(frac * free), max(0, free - RESERVE_BYTES))
+    out = min(int(frac * free), max(0, free - reserve))
     return min(out, cap_bytes) if cap_bytes is not None else out
 
 
@@ -169,6 +179,10 @@ def parse_bytes(text: str) -> int:
 
 
 LLAMA_CPU_DEVICE_TOKENS = 4096  # llama.cpp on a CPU: see ``plan``
+# llama.cpp on a GPU, by default: it allocates its whole pool at start and holds at most
+# LLAMA_MAX_SEQ less max_active + 1 entries (~240), so a pool sized from an H200's free
+# memory (~4.9 M SmolLM2 tokens, 112 GiB) would be allocated for entries it cannot keep.
+LLAMA_GPU_DEVICE_TOKENS = 262_144
 LLAMA_MAX_SEQ = 256  # llama.cpp refuses a context with more sequences (measured, 0.3.36)
 
 
@@ -215,6 +229,7 @@ def plan(
     host_cache_mem: int | None = None,
     device_mem: Memory | None = None,
     host_mem: Memory | None = None,
+    batch_kv_bytes: int = 0,
 ) -> CachePlan:
     """The cache sizes of a worker of ``backend`` on ``device`` ("cpu", "gpu-cuda", ...).
 
@@ -229,7 +244,10 @@ def plan(
     Host tier (llama.cpp, and MLX on a CUDA GPU): ``host_cache_mem``
     bytes, else ``host_cache_mem_frac`` (default HOST_FRAC, capped at HOST_CAP_BYTES).
     ``device_mem`` / ``host_mem``: the memories to size from (the twin's modelled
-    devices); None: read from this machine.
+    devices); None: read from this machine. ``batch_kv_bytes``: the KV the active
+    requests may hold, which a GPU's share leaves free besides the weights and
+    GPU_HEADROOM_FRAC of its memory; llama.cpp's GPU pool is capped at
+    LLAMA_GPU_DEVICE_TOKENS.
     """
     if bytes_per_token < 1:
         raise ValueError("bytes_per_token must be >= 1")
@@ -241,12 +259,10 @@ def plan(
     elif backend == "llama.cpp" and not gpu and cache_mem_frac is None:
         device_tokens, device_source = LLAMA_CPU_DEVICE_TOKENS, "llama.cpp CPU default"
     else:
-        mem = device_mem or device_memory(device)
-        default = DEVICE_FRAC["gpu" if gpu else "cpu"]
-        frac = cache_mem_frac if cache_mem_frac is not None else default
-        cap = None if gpu or cache_mem_frac is not None else CPU_DEVICE_CAP_BYTES
-        got = share(mem, frac, cap, less=weights_bytes if gpu else 0)
-        device_tokens, device_source = got // bytes_per_token, f"{frac:g} of {mem.source}"
+        device_tokens, device_source = _device_share(
+            backend, device, bytes_per_token, weights_bytes + batch_kv_bytes, cache_mem_frac,
+            device_mem,
+        )  # fmt: skip
     # A host tier where leaving the device frees something: llama.cpp's pool, a CUDA
     # GPU's memory (MLX copies to host RAM). On Metal or a CPU, MLX's arrays already
     # sit in host memory; a sim worker holds no KV.
@@ -261,6 +277,33 @@ def plan(
         host_bytes, host_source = share(mem, frac, cap), f"{frac:g} of {mem.source}"
     return CachePlan(bytes_per_token, device_tokens, host_bytes // bytes_per_token,
                      device_source, host_source)  # fmt: skip
+
+
+def _device_share(
+    backend: str,
+    device: str,
+    bytes_per_token: int,
+    less: int,
+    frac: float | None,
+    mem: Memory | None,
+) -> tuple[int, str]:
+    """(tokens, where from) of a device tier sized from memory: ``frac`` (default
+    DEVICE_FRAC) of what is available, less ``less`` bytes on a GPU (weights, the
+    batch's KV) and its headroom; a CPU's default capped at CPU_DEVICE_CAP_BYTES."""
+    gpu = device.startswith("gpu")
+    mem = mem or device_memory(device)
+    asked = frac is not None
+    frac = frac if frac is not None else DEVICE_FRAC["gpu" if gpu else "cpu"]
+    if not gpu:
+        got = share(mem, frac, None if asked else CPU_DEVICE_CAP_BYTES)
+        return got // bytes_per_token, f"{frac:g} of {mem.source}"
+    reserve = max(RESERVE_BYTES, int(GPU_HEADROOM_FRAC * mem.total_bytes))
+    tokens = share(mem, frac, less=less, reserve=reserve) // bytes_per_token
+    source = (f"{frac:g} of {mem.source} after weights and the batch's KV, "
+              f"headroom {reserve / GIB:.1f} GiB")  # fmt: skip
+    if backend == "llama.cpp" and not asked and tokens > LLAMA_GPU_DEVICE_TOKENS:
+        return LLAMA_GPU_DEVICE_TOKENS, f"llama.cpp GPU default (memory allowed {tokens})"
+    return tokens, source
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,11 @@ live step model, fed by the steps it serves, takes over:
   not handed to the serving engine: the live model holds served steps only, so
   the router can tell the two apart and check one against the other.
 
-A GPU still measures in full (``warm_up``): its first shapes compile kernels,
-which the first requests it serves must not pay.
+MLX on a GPU still measures in full (``warm_up``): its first shapes compile
+kernels, which the first requests it serves must not pay. A worker told
+``--keep-profile`` (tandem serve's) stores its measurement where no profile is
+stored (``workers.profiles.keep_start_rates``): its next start registers at once,
+and serve compares engines by it (launcher/engines.py).
 
 ``Progress`` writes ``tandem worker --progress-json``'s lines: one JSON object per
 line on stdout (``loading``, ``measuring``, ``registered``, ``error``), which
@@ -38,6 +41,7 @@ from typing import Any, TextIO
 from tandem.workers.config import WorkerConfig
 from tandem.workers.engine import Backend
 from tandem.workers.profiler import WarmUp, warm_up
+from tandem.workers.profiles import keep_start_rates
 from tandem.workers.rates import rates, told_rates
 
 log = logging.getLogger(__name__)
@@ -129,6 +133,8 @@ def start_prices(
             )  # fmt: skip
         log.info("measured %s in %.2f s", backend.device, warm.seconds)
     prefill, decode = rates(cfg, backend, warm)
+    if cfg.keep_profile and warm is not None:
+        keep_start_rates(backend, prefill, decode, f"{mode} start-up measurement")
     pinned = told is not None and told[2] == "the rate flags"
     simulated = backend.name == "sim" and mode == "none"  # its profile is its definition
     return StartPrices(prefill, decode, not (pinned or simulated), warm if mode == "full" else None)

@@ -176,6 +176,24 @@ for s in "$@"; do
              --no-progress --out "$out/outlier-$told-$i"
         done
       done ;;
+    serve|serve-mlx)  # `tandem serve` as a user starts it: `serve` cold (run it first on
+      # a fresh box) and warm; `serve-mlx` once more after MLX has a stored profile
+      # too, so that the engine is chosen by both engines' measurements
+      # (bench/serve_ready.py: time to ready, the plan and engines, GPU memory per
+      # process). Its own cache folder: the profiles its workers keep (13 threads,
+      # unpinned) must not price the bench's workers.
+      serve_cache=${SERVE_CACHE:-/root/serve-cache}
+      sr() { TANDEM_CACHE_DIR=$serve_cache stage "serve-$1" 150 $PY -m tandem.bench.serve_ready \
+               --label "$1" --out "$out/serve.json" -- "${@:2}"; }
+      if [ "$s" = serve ]; then
+        sr cold; sr warm
+      else
+        TANDEM_CACHE_DIR=$serve_cache profile_gpu serve-profile-mlx
+        sr measured
+      fi
+      cp "$out/serve.json" "$OUT/$s.json" 2>/dev/null
+      $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); print({k: v for k, v in d.items() if k != "runs"})' \
+        "$out/serve.json" | tee -a "$out/stages.txt" ;;
     engines:*) engines "$s" ;;  # engines:MODEL:WORKERS:GPU_MAX:BURSTS[:CAP_S] (engines.sh)
     *) echo "unknown stage $s" >&2 ;;
   esac

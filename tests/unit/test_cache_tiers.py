@@ -283,3 +283,26 @@ def test_the_router_shows_the_tiers_in_status_and_metrics(h):
     assert gauge("cache_bytes", "device") == 3000 * 23_040
     row = h.core.workers["a"].describe()
     assert row["cache_capacity_tokens"] == 5_000_000 and row["host_blocks"] == 0
+
+
+def test_a_gpu_leaves_the_weights_the_batch_kv_and_headroom_free(monkeypatch):
+    """The H200 as serve found it: 141 GiB, 8.5 GiB in use. MLX's budget leaves the
+    weights, a full batch's KV and a tenth of the GPU; llama.cpp, which allocates its
+    pool at start and keeps ~240 entries at most, takes its capped default."""
+    gpu = Memory(141 * GIB, int(132.5 * GIB), "gpu")
+    monkeypatch.setattr(memory, "device_memory", lambda d: gpu)
+    monkeypatch.setattr(memory, "host_memory", lambda: Memory(24 * GIB, 20 * GIB, "host"))
+    bpt, batch_kv = 23_040, 16 * 8192 * 23_040
+    mlx = plan(backend="mlx", device="gpu-cuda", bytes_per_token=bpt, weights_bytes=GIB,
+               batch_kv_bytes=batch_kv)  # fmt: skip
+    free = int(132.5 * GIB) - GIB - batch_kv
+    assert mlx.device_tokens == min(int(0.8 * free), free - int(14.1 * GIB)) // bpt
+    assert "headroom 14.1 GiB" in mlx.device_source
+    tight = Memory(141 * GIB, 40 * GIB, "gpu")  # another process holds most of it
+    monkeypatch.setattr(memory, "device_memory", lambda d: tight)
+    got = plan(backend="mlx", device="gpu-cuda", bytes_per_token=bpt, batch_kv_bytes=batch_kv)
+    assert got.device_tokens == (40 * GIB - batch_kv - int(14.1 * GIB)) // bpt  # headroom binds
+    llama = plan(backend="llama.cpp", device="gpu-cuda", bytes_per_token=bpt)
+    assert llama.device_tokens == memory.LLAMA_GPU_DEVICE_TOKENS
+    asked = plan(backend="llama.cpp", device="gpu-cuda", bytes_per_token=bpt, cache_mem_frac=0.5)
+    assert asked.device_tokens > memory.LLAMA_GPU_DEVICE_TOKENS  # a fraction asked is taken

@@ -35,10 +35,12 @@ def test_a_mac_with_only_llama_cpp_serves_metal_through_it(monkeypatch):
     assert "--threads" not in procs["gpu0"]  # a GPU worker's threads are not the CPU's
 
 
-def test_both_engines_on_one_gpu_are_reported_mlx_first():
+def test_both_engines_on_one_gpu_are_reported_in_the_measured_order():
+    # Apple silicon: nothing measured here, MLX first as before; CUDA: llama.cpp's
+    # build decoded 3-4x faster than MLX on the H200 (launcher/devices.py PRIOR).
     assert dev.devices(MAC_BOTH)[1].engines == ("mlx", "llama.cpp")
     cuda = dev.devices(CUDA_BOTH)[1]
-    assert (cuda.kind, cuda.backend, cuda.engines) == ("cuda", "mlx", ("mlx", "llama.cpp"))
+    assert (cuda.kind, cuda.backend, cuda.engines) == ("cuda", "llama.cpp", ("llama.cpp", "mlx"))
     # A Linux box never offers Metal, whatever its llama.cpp build says.
     assert [d.kind for d in dev.devices(dev.Machine("Linux", "aarch64", 4, llama_gpu=True))] == [
         "cpu",
@@ -47,9 +49,12 @@ def test_both_engines_on_one_gpu_are_reported_mlx_first():
 
 
 @pytest.mark.parametrize("label", ["gpu", "gpu-metal", "gpu-cuda"])
-def test_a_gpu_label_measures_in_full_and_offloads_everything(monkeypatch, label):
+def test_a_gpu_label_measures_quickly_and_offloads_everything(monkeypatch, label):
     cfg = WorkerConfig(router="tcp://127.0.0.1:1", backend="llama.cpp", device=label)
-    assert cfg.measurement(label, told=True) == "full"  # its first shapes compile kernels
+    # Its kernels come compiled in the build (no first-shape compilation to pay for
+    # before serving): a stored profile prices it at once, else a quick measurement.
+    assert cfg.measurement(label, told=True) == "none"
+    assert cfg.measurement(label, told=False) == "quick"
     monkeypatch.setattr(llama_params.L, "llama_supports_gpu_offload", lambda: True)
     place = llama_params.placement(label)
     mparams, keep = place.model_params()

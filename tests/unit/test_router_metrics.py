@@ -161,3 +161,24 @@ def test_a_workers_node_reaches_status_top_and_its_gauges(h: Harness) -> None:
     h.workers.pop("mac-gpu0").send(p.Goodbye("mac-gpu0"))
     h.pump()
     assert value(h, gauge, worker="mac-gpu0", node="mac-studio") is None  # gone with it
+
+
+def test_each_worker_counts_what_it_was_routed_and_what_it_served(h: Harness) -> None:
+    h.add_worker("a", RATES)
+    h.add_worker("b", RATES)
+    for i in range(4):
+        h.submit(f"r{i}", list(range(1, 30 + i)), max_tokens=2)
+    h.pump()
+    routed = {w: value(h, "tandem_requests_routed_total", worker=w, policy="phase_cost") or 0
+              for w in ("a", "b")}  # fmt: skip
+    assert sum(routed.values()) == 4
+    served = {"a": 0, "b": 0}
+    for w in ("a", "b"):
+        for _ in range(int(routed[w])):
+            rid = h.assigned(w).request_id
+            h.workers[w].send(p.Done(rid, "length", {"output_tokens": 2}))
+            served[w] += 1
+    h.pump()
+    for w in ("a", "b"):
+        got = value(h, "tandem_requests_served_total", worker=w, outcome="length") or 0
+        assert got == served[w] == routed[w]

@@ -135,7 +135,11 @@ def test_the_steps_of_a_batch_size_given_up_are_not_kept() -> None:
 
 def test_what_a_worker_measures_before_it_registers() -> None:
     auto = WorkerConfig(router="tcp://127.0.0.1:1")
-    assert auto.measurement("gpu-cuda", told=True) == "full"  # kernels compile on first shapes
+    mlx = WorkerConfig(router="tcp://127.0.0.1:1", backend="mlx")
+    assert mlx.measurement("gpu-cuda", told=True) == "full"  # kernels compile on first shapes
+    # llama.cpp's GPU kernels come compiled in its build: priced like a CPU worker
+    assert auto.measurement("gpu-cuda", told=True) == "none"
+    assert auto.measurement("gpu-cuda", told=False) == "quick"
     assert auto.measurement("cpu", told=False) == "quick"
     assert auto.measurement("cpu", told=True) == "none"  # a profile prices it: at once
     assert auto.measurement("sim-h200-gpu", told=False) == "none"  # a sim device is its profile
