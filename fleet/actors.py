@@ -40,7 +40,8 @@ class _Host:
         self.node_id: str = ray.get_runtime_context().get_node_id()
         self.dir = private_dir(prefix)
         self.procs: dict[str, Managed] = {}
-        self.events: collections.deque[str] = collections.deque(maxlen=EVENTS_KEPT)
+        self.events: collections.deque[tuple[int, str]] = collections.deque(maxlen=EVENTS_KEPT)
+        self._seq = 0
         self._wanted: list[Proc] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -62,6 +63,8 @@ class _Host:
             now = time.monotonic()
             for m in self.procs.values():
                 event = m.check(now)
+                if event and event.startswith("exited") and m.popen and m.popen.returncode:
+                    event += f"; its last lines (on node {self.node_id[:8]}):\n{m.tail(8)}"
                 if event:
                     self._note(f"{m.name} {event}")
         for m in self.procs.values():
@@ -78,7 +81,8 @@ class _Host:
             self._note(f"{p.name} started (pid {m.pid})")
 
     def _note(self, text: str) -> None:
-        self.events.append(f"{time.strftime('%H:%M:%S')} {text}")
+        self._seq += 1
+        self.events.append((self._seq, f"{time.strftime('%H:%M:%S')} {text}"))
 
     # ----------------------------------------------------- what the driver asks
     def processes(self) -> list[dict[str, Any]]:
@@ -91,8 +95,10 @@ class _Host:
         m = self.procs.get(name)
         return m.tail(lines) if m is not None else ""
 
-    def recent(self) -> list[str]:
-        return list(self.events)
+    def events_since(self, seq: int) -> tuple[int, list[str]]:
+        """What happened to the processes after event ``seq`` (the driver shows it):
+        the next ``seq`` to ask from, and the events (the last EVENTS_KEPT at most)."""
+        return self._seq, [text for n, text in list(self.events) if n > seq]
 
     def shutdown(self) -> None:
         """Stop every process (workers say Goodbye) and remove the private folder."""

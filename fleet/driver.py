@@ -26,8 +26,10 @@ from tandem.launcher.screen import Screen
 ROUTER_RESOURCE = "tandem-router"  # a node offering it hosts the router (else the head)
 HEAD_RESOURCE = "node:__internal_head__"  # Ray's own marker of the head node
 NODES_EVERY_S = 1.0  # how often the node list is read (a joining node waits at most this)
+EVENTS_EVERY_S = 1.0  # how often each agent is asked what its processes did
 ADDRESS_EVERY_S = 0.1  # how often the router's address is asked while Ray answers at once
 START_TIMEOUT_S = 120.0  # the router's actor placed and answering
+UNPLACED_NOTE_S = 15.0  # a router unanswered this long: say why it may be
 STOP_GRACE_S = 10.0
 
 
@@ -48,7 +50,11 @@ class Fleet:
         self.client_dir = private_dir("tandem-client-")
         self.watch = Registrations(self.keys.write(self.client_dir / "keys", ("client",)))
         self._address_ref: Any = None
+        self._events: dict[str, tuple[Any, int]] = {}  # node id -> (pending ask, last seen)
+        self._events_at = 0.0
         self._address_at = 0.0
+        self._asked_s = 0.0  # when the pending question about the address was asked
+        self._noted = False
         self._ready_s: float | None = None
 
     # -------------------------------------------------------------- start
@@ -100,6 +106,7 @@ class Fleet:
                     self._reconcile_nodes()
                     nodes_at = time.monotonic() + NODES_EVERY_S
                 self._report()
+                self._processes()
             return 0
         finally:
             for sig, handler in before.items():
@@ -114,8 +121,14 @@ class Fleet:
                 return
             self._address_ref = self.router.address.remote()
             self._address_at = time.monotonic() + ADDRESS_EVERY_S
+            self._asked_s, self._noted = time.monotonic(), False
         done, _ = ray.wait([self._address_ref], timeout=0)
         if not done:
+            if not self._noted and time.monotonic() - self._asked_s > UNPLACED_NOTE_S:
+                self._noted = True
+                self.screen.line("down", "router", f"no answer for {UNPLACED_NOTE_S:.0f} s: "
+                                 "Ray is restarting it; it needs a live node offering "
+                                 f"{ROUTER_RESOURCE} (or the head) to go to")  # fmt: skip
             return
         ref, self._address_ref = self._address_ref, None
         try:
@@ -143,6 +156,7 @@ class Fleet:
                 self._add_node(node_id, node)
         for node_id in [n for n in self.agents if n not in alive]:
             self.ray.kill(self.agents.pop(node_id), no_restart=True)
+            self._events.pop(node_id, None)
             gone = self.expected.pop(node_id, [])
             left = ", ".join(gone) or "no workers"
             self.screen.line("down", short(node_id), f"node left: {left}")
@@ -165,6 +179,28 @@ class Fleet:
         ip = node.get("NodeManagerAddress", "?")
         what = f"{len(self.expected[node_id])} workers: {', '.join(self.expected[node_id])}"
         self.screen.line("up", short(node_id), f"node joined ({ip}, {gpus} GPU): {what}")
+
+    def _processes(self) -> None:
+        """Show what each node's processes did (exits, restarts, a failing one's last
+        log lines): a node's logs reach the head this way. Never blocks."""
+        if time.monotonic() < self._events_at:
+            return
+        self._events_at = time.monotonic() + EVENTS_EVERY_S
+        for key, actor in [*self.agents.items(), ("router", self.router)]:
+            ref, seen = self._events.get(key, (None, 0))
+            if ref is not None:
+                if not self.ray.wait([ref], timeout=0)[0]:
+                    continue
+                try:
+                    upto, lines = self.ray.get(ref)
+                except self.ray.exceptions.RayError:
+                    upto, lines = seen, []
+                # A restarted actor counts from 0 again: read it from its start.
+                seen = upto if upto >= seen else 0
+                for line in lines:
+                    if " started (pid" not in line:  # starts are said by registrations
+                        self.screen.line("note", short(key), line)
+            self._events[key] = (actor.events_since.remote(seen), seen)
 
     def _report(self) -> None:
         for kind, wid, text in self.watch.changes():
