@@ -177,7 +177,7 @@ def _serve_ray(cfg: Any, address: str, only_print: bool) -> None:
     from tandem.launcher.screen import Screen
 
     try:
-        sys.exit(serve_on_ray(cfg, address, Screen()))
+        sys.exit(serve_on_ray(cfg, address, Screen(), COMMANDS))
     except FleetError as exc:
         raise click.ClickException(str(exc)) from None
     except ConnectionError as exc:  # ray.init found no cluster there

@@ -8,7 +8,9 @@ node (fleet/process.py) from one supervision thread, and answers the driver.
   GPU Ray gave it), pointed at wherever the router is now (``point``).
 
 They are plain classes: the driver makes them actors with ``ray.remote`` at run
-time, so importing this module needs no Ray.
+time, so importing this module needs no Ray. The process commands (``cmds``) come
+from the CLI through their constructors, as launcher/plan.py takes them: the fleet
+sits below the CLI.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from typing import Any
 
 from tandem.fleet import need_ray
 from tandem.fleet.keys import FleetKeys, KeyPair, private_dir, remove
-from tandem.fleet.plans import RouterAddress, host_plan, router_ports, worker_plan
+from tandem.fleet.plans import Commands, RouterAddress, host_plan, router_ports, worker_plan
 from tandem.fleet.process import Managed
 from tandem.launcher.config import ServeConfig
 from tandem.launcher.plan import Proc
+from tandem.workers.follow import write_address
 
 TICK_S = 0.1  # how often the supervision thread looks at its processes
 EVENTS_KEPT = 200
@@ -108,14 +111,14 @@ class _Host:
 
 
 class RouterHost(_Host):
-    def __init__(self, cfg: ServeConfig, keys: FleetKeys) -> None:
+    def __init__(self, cfg: ServeConfig, keys: FleetKeys, cmds: Commands) -> None:
         super().__init__("tandem-router-")
         ray = need_ray()
         self.keys = keys
         folder = keys.write(self.dir / "keys", ("router", "client"))
         ip: str = ray.util.get_node_ip_address()
         ports = tuple(p or _free_port(ip) for p in router_ports(cfg))
-        plan = host_plan(cfg, ip, (ports[0], ports[1]), folder)
+        plan = host_plan(cfg, ip, (ports[0], ports[1]), folder, cmds)
         host, _, port = plan.gateway_bind.rpartition(":")
         url_host = ip if host in ("0.0.0.0", "::", "") else host
         self.where = RouterAddress(plan.client_addr, plan.worker_addr, f"http://{url_host}:{port}",
@@ -137,24 +140,29 @@ class RouterHost(_Host):
 
 
 class NodeAgent(_Host):
-    def __init__(self, cfg: ServeConfig, keys: FleetKeys, router: RouterAddress | None) -> None:
+    def __init__(
+        self, cfg: ServeConfig, keys: FleetKeys, cmds: Commands, router: RouterAddress | None
+    ) -> None:
         super().__init__("tandem-node-")
         ray = need_ray()
-        self.cfg = cfg
+        self.cfg, self.cmds = cfg, cmds
         self.keys_dir = keys.write(self.dir / "keys", ("worker",))
+        self.router_file = self.dir / "router"
         self.gpu_ids = [str(g) for g in ray.get_gpu_ids()]
         self.router: RouterAddress | None = None
         if router is not None:
             self.point(router)
 
     def point(self, router: RouterAddress) -> list[str]:
-        """Point this node's workers at ``router``; restarts them only when its worker
-        address changed (a router restarted on its ports keeps them connected).
-        Returns the worker ids."""
-        same = self.router is not None and self.router.worker == router.worker
+        """Point this node's workers at ``router``: the first time, start them; later,
+        rewrite the address file they follow (workers/follow.py), so they re-register
+        with a router that moved without restarting. Returns the worker ids."""
+        first = self.router is None
         self.router = router
-        procs = worker_plan(self.cfg, self.node_id, self.gpu_ids, router.worker, self.keys_dir)
-        if not same:
+        write_address(self.router_file, router.worker)
+        procs = worker_plan(self.cfg, self.node_id, self.gpu_ids, router.worker,
+                            self.router_file, self.keys_dir, self.cmds)  # fmt: skip
+        if first:
             self._want(procs)
         return [p.name for p in procs]
 

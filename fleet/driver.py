@@ -18,7 +18,7 @@ from typing import Any
 from tandem.fleet import NAMESPACE, RAY_SERIES, need_ray
 from tandem.fleet.actors import NodeAgent, RouterHost
 from tandem.fleet.keys import FleetKeys, private_dir, remove
-from tandem.fleet.plans import RouterAddress, short
+from tandem.fleet.plans import Commands, RouterAddress, short
 from tandem.fleet.watch import Registrations
 from tandem.launcher.config import ServeConfig
 from tandem.launcher.screen import Screen
@@ -38,8 +38,9 @@ class FleetError(RuntimeError):
 
 
 class Fleet:
-    def __init__(self, cfg: ServeConfig, address: str, screen: Screen) -> None:
+    def __init__(self, cfg: ServeConfig, address: str, screen: Screen, cmds: Commands) -> None:
         self.cfg, self.address, self.screen = replace(cfg, keys=None), address, screen
+        self.cmds = cmds
         self.ray = need_ray()
         self.keys = FleetKeys.new()
         self.agents: dict[str, Any] = {}  # node id -> its NodeAgent handle
@@ -75,7 +76,7 @@ class Fleet:
         self.router = (
             ray.remote(RouterHost)
             .options(name="router", max_restarts=-1, max_task_retries=-1, num_cpus=0, **where)
-            .remote(self.cfg, self.keys)
+            .remote(self.cfg, self.keys, self.cmds)
         )
         try:
             self._moved(ray.get(self.router.address.remote(), timeout=START_TIMEOUT_S))
@@ -169,7 +170,7 @@ class Fleet:
             name=f"node-{node_id}", num_cpus=0, num_gpus=gpus, max_restarts=-1,
             max_task_retries=-1,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        ).remote(self.cfg, self.keys, self.where)  # fmt: skip
+        ).remote(self.cfg, self.keys, self.cmds, self.where)  # fmt: skip
         self.agents[node_id] = agent
         try:
             self.expected[node_id] = self.ray.get(agent.point.remote(self.where), timeout=60.0)
@@ -249,8 +250,10 @@ class Fleet:
         remove(self.client_dir)
 
 
-def serve_on_ray(cfg: ServeConfig, address: str, screen: Screen) -> int:
-    fleet = Fleet(cfg, address, screen)
+def serve_on_ray(cfg: ServeConfig, address: str, screen: Screen, cmds: Commands) -> int:
+    """Serve ``cfg`` on the Ray cluster at ``address`` until a signal; ``cmds``: the
+    router, worker and gateway commands (their parsers check every flag)."""
+    fleet = Fleet(cfg, address, screen, cmds)
     try:
         fleet.start()
         return fleet.run()

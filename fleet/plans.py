@@ -5,9 +5,12 @@ as ``tandem serve``); this module only says where each process points."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import click
 
 from tandem.launcher.config import ServeConfig
 from tandem.launcher.plan import Plan, Proc
@@ -48,15 +51,26 @@ def router_ports(cfg: ServeConfig) -> tuple[int, int]:
     return ports[0], ports[1]
 
 
-def host_plan(cfg: ServeConfig, ip: str, ports: tuple[int, int], keys: Path) -> Plan:
+Commands = Mapping[str, click.Command]  # `tandem router`, `worker`, `gateway` (launcher/plan.py)
+
+
+def host_plan(
+    cfg: ServeConfig, ip: str, ports: tuple[int, int], keys: Path, cmds: Commands
+) -> Plan:
     """The router (bound to this node's address) and the gateway in front of it."""
     router = {**cfg.router, "client_addr": f"tcp://{ip}:{ports[0]}",
               "worker_addr": f"tcp://{ip}:{ports[1]}"}  # fmt: skip
-    return _plan(replace(cfg, router=router, keys=str(keys)), [])
+    return _plan(replace(cfg, router=router, keys=str(keys)), [], cmds)
 
 
 def worker_plan(
-    cfg: ServeConfig, node_id: str, gpu_ids: list[str], worker_addr: str, keys: Path
+    cfg: ServeConfig,
+    node_id: str,
+    gpu_ids: list[str],
+    worker_addr: str,
+    router_file: Path,
+    keys: Path,
+    cmds: Commands,
 ) -> list[Proc]:
     """This node's workers: its CPU and each GPU Ray gave this node's agent, with
     ids unique in the fleet and TANDEM_NODE naming the node."""
@@ -69,16 +83,17 @@ def worker_plan(
     engine = next((d for d in found if d.gpu), None)
     gpus = [replace(engine, index=i, env={"CUDA_VISIBLE_DEVICES": g})
             for i, g in enumerate(gpu_ids)] if engine else []  # fmt: skip
+    # Each worker follows the router's address in ``router_file`` (workers/follow.py):
+    # when Ray moves the router, the agent rewrites the file, no worker restarts.
     router = {**cfg.router, "worker_addr": worker_addr}
-    plan = _plan(replace(cfg, router=router, keys=str(keys)), [*cpus, *gpus], short(node_id))
+    worker = {**cfg.worker, "router_file": str(router_file)}
+    cfg = replace(cfg, router=router, worker=worker, keys=str(keys))
+    plan = _plan(cfg, [*cpus, *gpus], cmds, short(node_id))
     node_env = (("TANDEM_NODE", node_id),)
     return [replace(p, env=p.env + node_env) for p in plan.procs if p.role == "worker"]
 
 
-def _plan(cfg: ServeConfig, found: list[Any], prefix: str = "") -> Plan:
-    # The process commands are the CLI's: their parsers check every flag. The actors
-    # run where tandem (and so its CLI) is installed.
-    from tandem.cli.serve import COMMANDS
+def _plan(cfg: ServeConfig, found: list[Any], cmds: Commands, prefix: str = "") -> Plan:
     from tandem.common.model_files import resolve_model
     from tandem.launcher.plan import effective, make_plan
 
@@ -87,4 +102,4 @@ def _plan(cfg: ServeConfig, found: list[Any], prefix: str = "") -> Plan:
         workers = tuple({**w, "worker_id": f"{prefix}-{w['worker_id']}"} for w in eff.workers)
         eff = replace(eff, workers=workers)
     path = resolve_model(cfg.model) if cfg.model and found else None
-    return make_plan(eff, COMMANDS, str(path) if path else cfg.model)
+    return make_plan(eff, cmds, str(path) if path else cfg.model)

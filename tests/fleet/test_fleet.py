@@ -242,13 +242,25 @@ def test_router_actor_killed_ray_restarts_it(fleet: Fleet) -> None:
     import ray
 
     before = ray.get(fleet.router().address.remote())
+    workers = _worker_pids()
     killed = time.monotonic()
     ray.kill(fleet.router(), no_restart=False)
     print(f"router actor killed: service back after {_downtime(fleet, killed):.2f} s")
     after = ray.get(fleet.router().address.remote())
     assert after.incarnation != before.incarnation and after.worker != before.worker
-    fleet.wait_workers(3, 60)  # re-pointed at the new address
+    fleet.wait_workers(3, 60)  # re-pointed at the new address...
+    assert _worker_pids() == workers  # ...by the file they follow, not by restarting
     _own_tokens_only(fleet)
+
+
+def _worker_pids() -> dict[str, int]:
+    import ray
+
+    out = {}
+    for name in ray.util.list_named_actors():
+        if name.startswith("node-"):
+            out |= {p["name"]: p["pid"] for p in ray.get(ray.get_actor(name).processes.remote())}
+    return out
 
 
 def test_router_node_lost_router_moves(fleet: Fleet) -> None:

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from tandem.cli.main import main
+from tandem.cli.serve import COMMANDS
 from tandem.fleet import RayMissing, need_ray
 from tandem.fleet.keys import FleetKeys, private_dir
 from tandem.fleet.plans import host_plan, router_ports, worker_plan
@@ -84,7 +85,9 @@ def test_router_ports() -> None:
 
 
 def test_host_plan_binds_the_node_address(tmp_path: Path) -> None:
-    plan = host_plan(ServeConfig(gateway={"port": 8100}), "10.0.0.7", (7000, 7001), tmp_path)
+    plan = host_plan(
+        ServeConfig(gateway={"port": 8100}), "10.0.0.7", (7000, 7001), tmp_path, COMMANDS
+    )
     router, gateway = plan.procs
     assert plan.client_addr == "tcp://10.0.0.7:7000" and plan.worker_addr == "tcp://10.0.0.7:7001"
     assert "--keys" in router.argv and str(tmp_path) in router.argv
@@ -94,25 +97,27 @@ def test_host_plan_binds_the_node_address(tmp_path: Path) -> None:
 
 def test_worker_plan_names_workers_by_node_and_sets_tandem_node(tmp_path: Path) -> None:
     cfg = ServeConfig(worker=SIM)
-    (cpu,) = worker_plan(cfg, NODE, [], "tcp://10.0.0.7:7001", tmp_path)
+    (cpu,) = worker_plan(cfg, NODE, [], "tcp://10.0.0.7:7001", tmp_path / "r", tmp_path, COMMANDS)
     assert cpu.name == f"{NODE[:8]}-cpu0"
     assert cpu.argv[cpu.argv.index("--router") + 1] == "tcp://10.0.0.7:7001"
     assert cpu.argv[cpu.argv.index("--worker-id") + 1] == cpu.name
     assert ("TANDEM_NODE", NODE) in cpu.env
+    assert cpu.argv[cpu.argv.index("--router-file") + 1] == str(tmp_path / "r")
 
 
 def test_worker_plan_one_worker_per_gpu_ray_gave(tmp_path: Path, monkeypatch) -> None:
     box = devices_module.Machine("Linux", "x86_64", 8, mlx_cuda=True, cuda_gpus=4)
     monkeypatch.setattr(devices_module, "probe", lambda: box)
-    procs = worker_plan(ServeConfig(), NODE, ["2", "3"], "tcp://h:1", tmp_path)
+    procs = worker_plan(
+        ServeConfig(), NODE, ["2", "3"], "tcp://h:1", tmp_path / "r", tmp_path, COMMANDS
+    )
     gpus = [p for p in procs if "-gpu" in p.name]
     assert [p.name for p in gpus] == [f"{NODE[:8]}-gpu0", f"{NODE[:8]}-gpu1"]
     assert [dict(p.env)["CUDA_VISIBLE_DEVICES"] for p in gpus] == ["2", "3"]
     # No GPU engine on the node: the GPUs Ray gave get no worker (the CPU still does).
     monkeypatch.setattr(devices_module, "probe", lambda: devices_module.Machine("Linux", "x", 8))
-    assert [p.name for p in worker_plan(ServeConfig(), NODE, ["0"], "tcp://h:1", tmp_path)] == [
-        f"{NODE[:8]}-cpu0"
-    ]
+    procs = worker_plan(ServeConfig(), NODE, ["0"], "tcp://h:1", tmp_path / "r", tmp_path, COMMANDS)
+    assert [p.name for p in procs] == [f"{NODE[:8]}-cpu0"]
 
 
 def test_managed_restarts_an_exited_process_with_backoff(tmp_path: Path) -> None:
