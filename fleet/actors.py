@@ -150,6 +150,7 @@ class NodeAgent(_Host):
         self.router_file = self.dir / "router"
         self.gpu_ids = [str(g) for g in ray.get_gpu_ids()]
         self.router: RouterAddress | None = None
+        self.ids: list[str] = []
         if router is not None:
             self.point(router)
 
@@ -157,14 +158,17 @@ class NodeAgent(_Host):
         """Point this node's workers at ``router``: the first time, start them; later,
         rewrite the address file they follow (workers/follow.py), so they re-register
         with a router that moved without restarting. Returns the worker ids."""
-        first = self.router is None
-        self.router = router
+        before, self.router = self.router, router
+        if before is not None:  # the workers run: at most a new address for them
+            if before.worker != router.worker:
+                write_address(self.router_file, router.worker)
+            return self.ids
         write_address(self.router_file, router.worker)
         procs = worker_plan(self.cfg, self.node_id, self.gpu_ids, router.worker,
                             self.router_file, self.keys_dir, self.cmds)  # fmt: skip
-        if first:
-            self._want(procs)
-        return [p.name for p in procs]
+        self.ids = [p.name for p in procs]
+        self._want(procs)
+        return self.ids
 
 
 def _free_port(ip: str) -> int:

@@ -45,6 +45,7 @@ class Fleet:
         self.keys = FleetKeys.new()
         self.agents: dict[str, Any] = {}  # node id -> its NodeAgent handle
         self.expected: dict[str, list[str]] = {}  # node id -> its worker ids
+        self._joining: dict[str, tuple[Any, dict[str, Any]]] = {}  # node id -> (ask, node)
         self.router: Any = None
         self.where: RouterAddress | None = None
         self.stop = threading.Event()
@@ -150,17 +151,23 @@ class Fleet:
                              f"{where.client} (gateway {where.gateway_url})")  # fmt: skip
 
     def _reconcile_nodes(self) -> None:
-        """An agent on every live node; forget those whose node is gone (Ray ends them)."""
+        """An agent on every live node; forget those whose node is gone (Ray ends them).
+        Every agent hears where the router is again: one Ray restarted (its process
+        died, not its node) began from the address it was first given."""
         alive = {n["NodeID"]: n for n in self.ray.nodes() if n["Alive"]}
         for node_id, node in alive.items():
             if node_id not in self.agents:
                 self._add_node(node_id, node)
+            elif node_id not in self._joining:
+                self.agents[node_id].point.remote(self.where)
         for node_id in [n for n in self.agents if n not in alive]:
             self.ray.kill(self.agents.pop(node_id), no_restart=True)
             self._events.pop(node_id, None)
+            self._joining.pop(node_id, None)
             gone = self.expected.pop(node_id, [])
             left = ", ".join(gone) or "no workers"
             self.screen.line("down", short(node_id), f"node left: {left}")
+        self._joined()
 
     def _add_node(self, node_id: str, node: dict[str, Any]) -> None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -172,14 +179,25 @@ class Fleet:
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         ).remote(self.cfg, self.keys, self.cmds, self.where)  # fmt: skip
         self.agents[node_id] = agent
-        try:
-            self.expected[node_id] = self.ray.get(agent.point.remote(self.where), timeout=60.0)
-        except self.ray.exceptions.RayError as exc:
-            self.screen.line("down", short(node_id), f"its agent failed: {exc}")
-            return
-        ip = node.get("NodeManagerAddress", "?")
-        what = f"{len(self.expected[node_id])} workers: {', '.join(self.expected[node_id])}"
-        self.screen.line("up", short(node_id), f"node joined ({ip}, {gpus} GPU): {what}")
+        # Answered once the agent runs on its node: looked at without waiting (_joined).
+        self._joining[node_id] = (agent.point.remote(self.where), node)
+
+    def _joined(self) -> None:
+        """Say each node whose agent has started its workers."""
+        for node_id, (ref, node) in list(self._joining.items()):
+            if not self.ray.wait([ref], timeout=0)[0]:
+                continue
+            del self._joining[node_id]
+            try:
+                ids: list[str] = self.ray.get(ref)
+            except self.ray.exceptions.RayError as exc:
+                self.screen.line("down", short(node_id), f"its agent failed: {exc}")
+                continue
+            self.expected[node_id] = ids
+            gpus = int(node["Resources"].get("GPU", 0))
+            ip = node.get("NodeManagerAddress", "?")
+            what = f"{len(ids)} workers: {', '.join(ids)}"
+            self.screen.line("up", short(node_id), f"node joined ({ip}, {gpus} GPU): {what}")
 
     def _processes(self) -> None:
         """Show what each node's processes did (exits, restarts, a failing one's last
@@ -206,6 +224,8 @@ class Fleet:
     def _report(self) -> None:
         for kind, wid, text in self.watch.changes():
             self.screen.line(kind, wid, text)
+        if self._joining:
+            return  # every node that was there at the start, first
         if self._ready_s is None and self.where is not None and self.expected:
             have = self.watch.registered()
             if all(any(w in have for w in ids) for ids in self.expected.values() if ids):

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.fleet.harness import LocalRay, Serve, chat
+from tests.fleet.harness import NO_SERVICE, LocalRay, Serve, chat
 
 BURST, MAX_TOKENS, CONCURRENCY = 96, 32, 24
 
@@ -81,7 +81,7 @@ def _downtime(url: str, since: float) -> float:
         try:
             chat(url, "Back?", max_tokens=4, timeout_s=5)
             return time.monotonic() - since
-        except OSError:
+        except NO_SERVICE:
             time.sleep(0.05)
 
 

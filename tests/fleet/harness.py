@@ -4,6 +4,7 @@ Ray advertises 127.0.0.1 (test_namespace.py runs these tests that way)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import queue
@@ -22,6 +23,10 @@ SIM = ["--set", "worker.backend='sim'", "--set", "worker.profile='cpu-m2'",
 # Ray notices a node that vanished within ~1 s here (defaults: tens of seconds).
 FAST_HEALTH = {"health_check_period_ms": 200, "health_check_failure_threshold": 3,
                "health_check_initial_delay_ms": 0}  # fmt: skip
+
+
+# What a request meets while the gateway or router is away: refused, reset, cut off.
+NO_SERVICE = (OSError, http.client.HTTPException)
 
 
 def private_netns() -> bool:

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from tandem.client import Client, TandemError
-from tests.fleet.harness import LocalRay, Serve, chat
+from tests.fleet.harness import NO_SERVICE, LocalRay, Serve, chat
 
 JOIN_S = 30.0  # the issue's bound: a node that joins serves within it
 
@@ -191,7 +191,7 @@ def _downtime(fleet: Fleet, since: float, timeout_s: float = 90.0) -> float:
         try:
             chat(fleet.url, "Back?", max_tokens=4, timeout_s=5)
             return time.monotonic() - since
-        except OSError:
+        except NO_SERVICE:
             time.sleep(0.05)
     raise AssertionError(f"no service {timeout_s} s after the router went")
 
@@ -261,6 +261,29 @@ def _worker_pids() -> dict[str, int]:
         if name.startswith("node-"):
             out |= {p["name"]: p["pid"] for p in ray.get(ray.get_actor(name).processes.remote())}
     return out
+
+
+def test_an_agent_ray_restarts_starts_its_workers_at_the_router_now(fleet: Fleet) -> None:
+    """The router moved since the agents were made (the test before): an agent
+    whose process dies is made again by Ray from its first arguments, an address
+    long gone, and the driver points it at the router's present one."""
+    import ray
+
+    victim = fleet.local.nodes[-1]
+    agent = ray.get_actor(f"node-{node_id(victim)}")
+    old = {w: pid for w, pid in _worker_pids().items() if w.startswith(short(node_id(victim)))}
+    ray.kill(agent, no_restart=False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        rows = fleet.workers()
+        now = {w: pid for w, pid in _worker_pids().items() if w in old}
+        if len(rows) == 3 and now and all(now[w] != old[w] for w in now):
+            break
+        time.sleep(0.5)
+    assert len(fleet.workers()) == 3 and set(now) == set(old), (now, old)
+    with fleet.client() as c:
+        for wid in old:
+            assert c.generate("again", max_tokens=3, worker=wid).worker == wid
 
 
 def test_router_node_lost_router_moves(fleet: Fleet) -> None:

@@ -151,3 +151,26 @@ def test_serve_ray_refuses_what_it_cannot_do() -> None:
     assert result.exit_code == 1 and "drop --ray" in result.output
     result = CliRunner().invoke(main, ["serve", "--ray", "auto", "--keys", "/nonexistent"])
     assert result.exit_code == 1
+
+
+def test_registrations_changes_are_bounded_under_a_flood(tmp_path: Path) -> None:
+    """A router listing thousands of workers coming and going, with nobody reading the
+    changes: the queue keeps CHANGES_KEPT of them, the current set stays exact."""
+    from tandem.fleet.watch import CHANGES_KEPT, Registrations
+
+    watch = Registrations(tmp_path)
+    for wave in range(5):
+        watch._update({f"w{wave}-{i}": {"backend": "sim", "device": "cpu"} for i in range(2000)})
+    assert watch._changes.qsize() == CHANGES_KEPT
+    assert len(watch.registered()) == 2000 and all(w.startswith("w4-") for w in watch.registered())
+    assert len(watch.changes()) == CHANGES_KEPT and watch.changes() == []
+
+
+def test_managed_tail_reads_the_end_of_a_huge_log(tmp_path: Path) -> None:
+    from tandem.fleet.process import TAIL_BYTES
+
+    log = tmp_path / "w.log"
+    log.write_bytes(b"noise\n" * 2_000_000 + b"last words\n")
+    m = Managed("w", ("worker",), {}, log)
+    assert log.stat().st_size > 10 * TAIL_BYTES
+    assert m.tail(2).splitlines()[-1] == "last words"
