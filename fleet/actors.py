@@ -118,7 +118,7 @@ class RouterHost(_Host):
         folder = keys.write(self.dir / "keys", ("router", "client"))
         ip: str = ray.util.get_node_ip_address()
         ports = tuple(p or _free_port(ip) for p in router_ports(cfg))
-        plan = host_plan(cfg, ip, (ports[0], ports[1]), folder, cmds)
+        plan = host_plan(cfg, self.node_id, ip, (ports[0], ports[1]), folder, cmds)
         host, _, port = plan.gateway_bind.rpartition(":")
         url_host = ip if host in ("0.0.0.0", "::", "") else host
         self.where = RouterAddress(plan.client_addr, plan.worker_addr, f"http://{url_host}:{port}",

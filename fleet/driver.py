@@ -224,9 +224,8 @@ class Fleet:
     def _report(self) -> None:
         for kind, wid, text in self.watch.changes():
             self.screen.line(kind, wid, text)
-        if self._joining:
-            return  # every node that was there at the start, first
-        if self._ready_s is None and self.where is not None and self.expected:
+        # Ready once every node there at the start has its workers registered.
+        if self._ready_s is None and self.where is not None and self.expected and not self._joining:
             have = self.watch.registered()
             if all(any(w in have for w in ids) for ids in self.expected.values() if ids):
                 self._ready_s = time.monotonic() - self.started_s

@@ -55,12 +55,19 @@ Commands = Mapping[str, click.Command]  # `tandem router`, `worker`, `gateway` (
 
 
 def host_plan(
-    cfg: ServeConfig, ip: str, ports: tuple[int, int], keys: Path, cmds: Commands
+    cfg: ServeConfig,
+    node_id: str,
+    ip: str,
+    ports: tuple[int, int],
+    keys: Path,
+    cmds: Commands,
 ) -> Plan:
     """The router (bound to this node's address) and the gateway in front of it."""
     router = {**cfg.router, "client_addr": f"tcp://{ip}:{ports[0]}",
               "worker_addr": f"tcp://{ip}:{ports[1]}"}  # fmt: skip
-    return _plan(replace(cfg, router=router, keys=str(keys)), [], cmds)
+    plan = _plan(replace(cfg, router=router, keys=str(keys)), [], cmds)
+    node_env = (("TANDEM_NODE", node_id),)
+    return replace(plan, procs=tuple(replace(p, env=p.env + node_env) for p in plan.procs))
 
 
 def worker_plan(

@@ -73,7 +73,9 @@ class Managed:
             return None
         code = self.popen.returncode
         self.exits = 1 if now - self.started_s > STABLE_S else self.exits + 1
-        delay = min(BACKOFF_MAX_S, 0.5 * 2.0 ** (self.exits - 1))
+        # The first exit restarts at once (a router's every second is downtime); a
+        # crash loop waits 0.5 s, then twice as long each time, up to BACKOFF_MAX_S.
+        delay = 0.0 if self.exits == 1 else min(BACKOFF_MAX_S, 0.5 * 2.0 ** (self.exits - 2))
         self.restart_at = now + delay
         self._kill_group(signal.SIGKILL)  # whatever it left in its group
         return f"exited ({code}); restarting in {delay:.1f} s"

@@ -4,6 +4,7 @@ Ray advertises 127.0.0.1 (test_namespace.py runs these tests that way)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -17,6 +18,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 SIM = ["--set", "worker.backend='sim'", "--set", "worker.profile='cpu-m2'",
        "--set", "worker.warmup='off'", "--set", "worker.heartbeat_s=0.2"]  # fmt: skip
@@ -40,6 +43,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _processes_of(node_id: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get("TANDEM_NODE") == node_id:
+                found.append(proc)
+    return found
+
+
 class LocalRay:
     """A head and ``nodes`` more, one CPU each; ``router`` nodes offer tandem-router."""
 
@@ -57,7 +69,14 @@ class LocalRay:
         return self.cluster.add_node(num_cpus=1, resources=resources)
 
     def remove(self, node: Any) -> None:
+        """The node is lost, as a machine that vanishes: Ray's processes and every
+        tandem process on it (TANDEM_NODE) at once. Ray alone would leave actors'
+        children running until they notice their raylet gone."""
+        doomed = _processes_of(node.node_id)
         self.cluster.remove_node(node, allow_graceful=False)
+        for proc in doomed:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
 
     def shutdown(self) -> None:
         self.cluster.shutdown()

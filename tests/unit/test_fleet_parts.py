@@ -85,10 +85,10 @@ def test_router_ports() -> None:
 
 
 def test_host_plan_binds_the_node_address(tmp_path: Path) -> None:
-    plan = host_plan(
-        ServeConfig(gateway={"port": 8100}), "10.0.0.7", (7000, 7001), tmp_path, COMMANDS
-    )
+    cfg = ServeConfig(gateway={"port": 8100})
+    plan = host_plan(cfg, NODE, "10.0.0.7", (7000, 7001), tmp_path, COMMANDS)
     router, gateway = plan.procs
+    assert ("TANDEM_NODE", NODE) in router.env and ("TANDEM_NODE", NODE) in gateway.env
     assert plan.client_addr == "tcp://10.0.0.7:7000" and plan.worker_addr == "tcp://10.0.0.7:7001"
     assert "--keys" in router.argv and str(tmp_path) in router.argv
     assert ("TANDEM_KEYS", str(tmp_path)) in gateway.env  # a secret's folder, not in argv
@@ -125,12 +125,15 @@ def test_managed_restarts_an_exited_process_with_backoff(tmp_path: Path) -> None
     m.start()
     assert m.popen is not None and m.popen.wait(30) == 0
     said = m.check(time.monotonic())
-    assert said is not None and said.startswith("exited (0); restarting in 0.5 s")
-    assert m.check(time.monotonic()) is None  # not due yet
-    assert m.check(time.monotonic() + 1.0) is not None and m.restarts == 1
+    assert said is not None and said.startswith("exited (0); restarting in 0.0 s")
+    assert m.check(time.monotonic()) == f"restarted (pid {m.pid})" and m.restarts == 1
     assert m.popen.wait(30) == 2  # the folder holds keys now: refused, a second quick exit
     said = m.check(time.monotonic())
-    assert said is not None and "restarting in 1.0 s" in said
+    assert said is not None and "restarting in 0.5 s" in said
+    assert m.check(time.monotonic()) is None  # not due yet
+    assert m.check(time.monotonic() + 1.0) is not None and m.restarts == 2
+    assert m.popen.wait(30) == 2
+    assert "restarting in 1.0 s" in (m.check(time.monotonic()) or "")
     m.stop()
     assert "already holds keys" in m.tail()
 
