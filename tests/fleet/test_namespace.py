@@ -6,10 +6,12 @@ and tests may send traffic to loopback only."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -39,8 +41,17 @@ def test_fleet_suite_in_its_own_network_namespace() -> None:
     if problem:
         pytest.skip(problem)
     inner = f"{sys.executable} -m pytest -p no:cacheprovider -q -rs tests/fleet"
-    run = subprocess.run(["unshare", "-n", "bash", "-c", f"ip link set lo up && exec {inner}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=1150)  # fmt: skip
+    # Ray's files (sessions, and ray_current_cluster, which `ray.init("auto")` reads on
+    # this machine) in a folder of the run's own, removed after it.
+    ray_tmp = tempfile.mkdtemp(prefix="tandem-ray-")
+    try:
+        run = subprocess.run(
+            ["unshare", "-n", "bash", "-c", f"ip link set lo up && exec {inner}"],
+            cwd=ROOT, capture_output=True, text=True, timeout=1150,
+            env={**os.environ, "RAY_TMPDIR": ray_tmp},
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     print(run.stdout[-20000:])
     assert run.returncode == 0, run.stdout[-20000:] + run.stderr[-5000:]
     summary = run.stdout.strip().splitlines()[-1]
