@@ -168,7 +168,10 @@ def _serve_ray(cfg: Any, address: str, only_print: bool) -> None:
         raise ValueError("with --ray the fleet makes its own keys and carries them through Ray; "
                          "drop --keys")  # fmt: skip
     from tandem.fleet import RayMissing, need_ray
+    from tandem.fleet.plans import check, router_ports
 
+    router_ports(cfg)  # the ports the router takes on its node: refused now, not there
+    check(cfg, COMMANDS)  # a flag a process would refuse: refused before any node starts
     try:
         need_ray()
     except RayMissing as exc:

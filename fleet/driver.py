@@ -30,6 +30,7 @@ EVENTS_EVERY_S = 1.0  # how often each agent is asked what its processes did
 ADDRESS_EVERY_S = 0.1  # how often the router's address is asked while Ray answers at once
 START_TIMEOUT_S = 120.0  # the router's actor placed and answering
 UNPLACED_NOTE_S = 15.0  # a router unanswered this long: say why it may be
+JOIN_NOTE_S = 30.0  # an agent not started this long: said, and ready no longer waits for it
 STOP_GRACE_S = 10.0
 
 
@@ -45,7 +46,9 @@ class Fleet:
         self.keys = FleetKeys.new()
         self.agents: dict[str, Any] = {}  # node id -> its NodeAgent handle
         self.expected: dict[str, list[str]] = {}  # node id -> its worker ids
-        self._joining: dict[str, tuple[Any, dict[str, Any]]] = {}  # node id -> (ask, node)
+        # node id -> (its agent's first answer, pending; the node; when asked)
+        self._joining: dict[str, tuple[Any, dict[str, Any], float]] = {}
+        self._slow: set[str] = set()  # joining nodes already said to be slow
         self.router: Any = None
         self.where: RouterAddress | None = None
         self.stop = threading.Event()
@@ -164,6 +167,7 @@ class Fleet:
             self.ray.kill(self.agents.pop(node_id), no_restart=True)
             self._events.pop(node_id, None)
             self._joining.pop(node_id, None)
+            self._slow.discard(node_id)
             gone = self.expected.pop(node_id, [])
             left = ", ".join(gone) or "no workers"
             self.screen.line("down", short(node_id), f"node left: {left}")
@@ -180,12 +184,17 @@ class Fleet:
         ).remote(self.cfg, self.keys, self.cmds, self.where)  # fmt: skip
         self.agents[node_id] = agent
         # Answered once the agent runs on its node: looked at without waiting (_joined).
-        self._joining[node_id] = (agent.point.remote(self.where), node)
+        self._joining[node_id] = (agent.point.remote(self.where), node, time.monotonic())
 
     def _joined(self) -> None:
         """Say each node whose agent has started its workers."""
-        for node_id, (ref, node) in list(self._joining.items()):
+        for node_id, (ref, node, asked_s) in list(self._joining.items()):
             if not self.ray.wait([ref], timeout=0)[0]:
+                if asked_s + JOIN_NOTE_S <= time.monotonic() and node_id not in self._slow:
+                    self._slow.add(node_id)
+                    self.screen.line("note", short(node_id), f"its agent has not started in "
+                                     f"{JOIN_NOTE_S:.0f} s: are its GPUs taken by other Ray "
+                                     "work? (it holds them all)")  # fmt: skip
                 continue
             del self._joining[node_id]
             try:
@@ -224,8 +233,10 @@ class Fleet:
     def _report(self) -> None:
         for kind, wid, text in self.watch.changes():
             self.screen.line(kind, wid, text)
-        # Ready once every node there at the start has its workers registered.
-        if self._ready_s is None and self.where is not None and self.expected and not self._joining:
+        # Ready once every node there at the start has its workers registered (those
+        # whose agent is not placed in JOIN_NOTE_S are not waited for).
+        slow = all(t + JOIN_NOTE_S < time.monotonic() for _, _, t in self._joining.values())
+        if self._ready_s is None and self.where is not None and self.expected and slow:
             have = self.watch.registered()
             if all(any(w in have for w in ids) for ids in self.expected.values() if ids):
                 self._ready_s = time.monotonic() - self.started_s

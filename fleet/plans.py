@@ -100,6 +100,18 @@ def worker_plan(
     return [replace(p, env=p.env + node_env) for p in plan.procs if p.role == "worker"]
 
 
+def check(cfg: ServeConfig, cmds: Commands) -> None:
+    """Refuse a config whose processes would refuse their flags (ValueError naming the
+    key), before anything starts: the plans of a node with a CPU, as every node has.
+    Nothing is resolved or downloaded here; each node resolves the model itself."""
+    from tandem.launcher.devices import Device
+    from tandem.launcher.plan import effective, make_plan
+
+    router = {**cfg.router, "client_addr": "tcp://127.0.0.1:1", "worker_addr": "tcp://127.0.0.1:2"}
+    cfg = replace(cfg, router=router, worker={**cfg.worker, "router_file": "router"})
+    make_plan(effective(cfg, [Device("cpu", "llama.cpp", cores=2)]), cmds, cfg.model)
+
+
 def _plan(cfg: ServeConfig, found: list[Any], cmds: Commands, prefix: str = "") -> Plan:
     from tandem.common.model_files import resolve_model
     from tandem.launcher.plan import effective, make_plan

@@ -149,6 +149,17 @@ def test_serve_ray_without_ray_says_how_to_install(monkeypatch) -> None:
     assert result.exit_code == 1 and "tandem-serve[ray]" in result.output
 
 
+def test_serve_ray_refuses_a_bad_flag_before_reaching_ray(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # were a check to pass: no cluster reached
+    result = CliRunner().invoke(main, ["serve", "--ray", "auto", "--set", "worker.nope=1"])
+    assert result.exit_code == 1 and "nope" in result.output
+    result = CliRunner().invoke(main, ["serve", "--ray", "auto", "--set", "router.liveness_s='x'"])
+    assert result.exit_code == 1 and "liveness" in result.output
+    bad = ["serve", "--ray", "auto", "--set", "router.client_addr='ipc:///tmp/x'"]
+    result = CliRunner().invoke(main, bad)
+    assert result.exit_code == 1 and "client_addr" in result.output
+
+
 def test_serve_ray_refuses_what_it_cannot_do() -> None:
     result = CliRunner().invoke(main, ["serve", "--ray", "auto", "--dry-run"])
     assert result.exit_code == 1 and "drop --ray" in result.output
