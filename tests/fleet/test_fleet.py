@@ -214,6 +214,20 @@ def _own_tokens_only(fleet: Fleet) -> None:
         assert r.finish_reason == "length" and len(r.token_ids) == n, (n, r)
 
 
+def _gateway_stream(fleet: Fleet, out: list[Any]) -> None:
+    try:
+        out.append(chat(fleet.url, "Tell me a long story.", 200, stream=True, timeout_s=60))
+    except NO_SERVICE as exc:
+        out.append(exc)
+
+
+def _wait_in_flight(fleet: Fleet, n: int) -> None:
+    deadline = time.monotonic() + 60
+    while sum(w["inflight"] for w in fleet.workers().values()) < n:
+        assert time.monotonic() < deadline, fleet.workers()
+        time.sleep(0.1)
+
+
 def test_router_process_killed_service_back_no_foreign_tokens(fleet: Fleet) -> None:
     import ray
 
@@ -225,14 +239,24 @@ def test_router_process_killed_service_back_no_foreign_tokens(fleet: Fleet) -> N
         threads.append(threading.Thread(target=_stream, args=(fleet, 200, results, ev)))
         threads[-1].start()
         started.append(ev)
+    streams: list[Any] = []  # and two through the gateway
+    for _ in range(2):
+        threads.append(threading.Thread(target=_gateway_stream, args=(fleet, streams)))
+        threads[-1].start()
     for ev in started:
         assert ev.wait(60)
+    _wait_in_flight(fleet, 6)
     killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     for t in threads:
         t.join(60)
     # In-flight clients are told (RouterLost), not left waiting nor given others' tokens.
     assert len(results) == 4 and all(isinstance(r, TandemError) for r in results), results
+    # Through the gateway: an SSE error event ends each stream, short of its 200 tokens.
+    assert len(streams) == 2, streams
+    for chunks in streams:
+        assert isinstance(chunks, list) and "error" in chunks[-1], chunks[-3:]
+        assert all(c.get("choices", [{}])[0].get("finish_reason") is None for c in chunks[:-1])
     print(f"router process killed: service back after {_downtime(fleet, killed):.2f} s")
     fleet.wait_workers(3, 30)
     _own_tokens_only(fleet)
