@@ -125,6 +125,18 @@ def test_status_and_top_find_the_router_through_ray(fleet: Fleet) -> None:
     assert all(w in top.stdout for w in ids)
 
 
+def test_a_nodes_logs_reach_the_head(fleet: Fleet) -> None:
+    import ray
+
+    nid = node_id(fleet.local.nodes[-1])
+    agent = ray.get_actor(f"node-{nid}")
+    (row,) = ray.get(agent.processes.remote())
+    assert row["name"] == f"{short(nid)}-cpu0" and row["alive"]
+    text = ray.get(agent.tail.remote(row["name"], 200))
+    assert "tandem worker " in text and f"--worker-id {row['name']}" in text
+    assert "registered with router" in text
+
+
 def test_a_node_that_joins_serves(fleet: Fleet) -> None:
     node = fleet.local.add()
     fleet.local.nodes.append(node)
