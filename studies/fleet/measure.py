@@ -30,8 +30,14 @@ def _access(address: str) -> Any:
     from tandem.client import Client
     from tandem.fleet.access import router_access
 
-    addr, keys, _ = router_access(address)
-    return lambda: Client(addr, keys=str(keys), timeout_s=120)
+    def client() -> Client:
+        addr, keys, cleanup = router_access(address)
+        try:  # the client reads its keys once, as it is made
+            return Client(addr, keys=str(keys), timeout_s=120)
+        finally:
+            cleanup()
+
+    return client
 
 
 def _workers(address: str) -> int:

@@ -63,8 +63,10 @@ class Fleet:
         from tandem.fleet.access import router_access
 
         addr, keys, cleanup = router_access(self.local.address)
-        self._cleanups = getattr(self, "_cleanups", []) + [cleanup]
-        return Client(addr, keys=str(keys), timeout_s=timeout_s, connect_timeout_s=2.0)
+        try:  # the client reads its keys once, as it is made
+            return Client(addr, keys=str(keys), timeout_s=timeout_s, connect_timeout_s=2.0)
+        finally:
+            cleanup()
 
     def workers(self) -> dict[str, dict[str, Any]]:
         try:
