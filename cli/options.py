@@ -60,6 +60,35 @@ keys_option = click.option(
     help="CURVE keys folder made by `tandem keys` (docs/SECURITY.md); default: none.",
 )
 
+# `tandem status` / `tandem top`: find the router of a `tandem serve --ray` through Ray.
+ray_option = click.option(
+    "--ray",
+    "ray_address",
+    default=None,
+    is_flag=False,
+    flag_value="auto",
+    metavar="[ADDRESS]",
+    help="Ask the Ray cluster at ADDRESS (auto: this host's) where the fleet's router is, "
+    "and for its client keys (tandem serve --ray).",
+)
+
+
+def via_ray(ray_address: str | None, router_addr: str, keys: str | None) -> tuple[str, str | None]:
+    """The router's address and keys folder: as given, or from the fleet on Ray (its
+    keys in a private folder removed when the command ends)."""
+    if ray_address is None:
+        return router_addr, keys
+    from tandem.fleet import RayMissing
+    from tandem.fleet.access import NoFleet, router_access
+
+    try:
+        client, folder, cleanup = router_access(ray_address)
+    except (RayMissing, NoFleet, ConnectionError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.get_current_context().call_on_close(cleanup)
+    return client, str(folder)
+
+
 # Shared by `tandem worker` and `tandem profile`.
 sim_profile = click.option(
     "--profile",

@@ -164,6 +164,13 @@ def cache_memory_options(f: Any) -> Any:
     help="The router's worker address.",
 )
 @click.option(
+    "--router-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Read the router's worker address from this file, and follow it when the file "
+    "changes (a router that moved; tandem serve --ray writes it). Overrides --router.",
+)
+@click.option(
     "--backend",
     type=click.Choice(BACKENDS),
     default=config_default(W, "backend"),
@@ -229,6 +236,7 @@ def cache_memory_options(f: Any) -> Any:
 @keys_option
 def worker(
     router_addr: str,
+    router_file: str | None,
     backend: str,
     model: str | None,
     worker_id: str | None,
@@ -257,9 +265,11 @@ def worker(
     node: str,
 ) -> None:
     """Run a worker process (one device)."""
+    from tandem.workers.follow import read_address
     from tandem.workers.main import run_worker
 
     try:
+        router_addr = read_address(router_file) if router_file else router_addr
         engine = EngineConfig(
             max_active=max_active,
             step_tokens=step_tokens,
@@ -272,6 +282,7 @@ def worker(
         decode = tuple(float(x) for x in decode_tok_s.split(",")) if decode_tok_s else None
         cfg = WorkerConfig(
             router=router_addr,
+            router_file=router_file,
             backend=backend,
             model=model,
             worker_id=worker_id,

@@ -106,13 +106,18 @@ def _sets(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -
     help="The router's policy (tandem router --help) [default: lookahead].",
 )
 @click.option("--run-dir", default=None, help="Folder for the logs [default: a new one].")
+@click.option("--ray", "ray_address", default=None, is_flag=False, flag_value="auto",
+              metavar="[ADDRESS]", help="Serve on the Ray cluster at ADDRESS (as ray.init "
+              "takes it; auto: the one this host belongs to): a worker per device on every "
+              "node, the router on the head or a node offering `tandem-router` "
+              "(docs/DEPLOY.md).")  # fmt: skip
 @click.option("--set", "sets", multiple=True, callback=_sets, metavar="SECTION.KEY=VALUE",
               help="Any flag of a process, e.g. router.spin_us=0 (repeatable).")  # fmt: skip
 @worker_knobs(SERVE_DEFAULTS)
 def serve(model: str | None, config_file: str | None, print_config: bool, dry_run: bool,
           devices: str | None, engine: str | None, host: str | None, port: int | None,
           api_key: str | None, keys: str | None, listen: str | None, join_addr: str | None,
-          policy: str | None, run_dir: str | None,
+          policy: str | None, run_dir: str | None, ray_address: str | None,
           sets: dict[str, dict[str, Any]], **knobs: Any) -> None:  # fmt: skip
     """Serve MODEL (a GGUF file, an MLX folder, a Hugging Face name such as
     ORG/NAME-GGUF:Q4_K_M; default: the embedded SmolLM2-135M) on every device of this
@@ -131,6 +136,8 @@ def serve(model: str | None, config_file: str | None, print_config: bool, dry_ru
         top = {"model": model, "devices": devices, "engine": engine, "keys": keys,
                "run_dir": run_dir, "listen": listen, "join_addr": join_addr}  # fmt: skip
         cfg = cfg.with_flags(top, sections)
+        if ray_address is not None:
+            _serve_ray(cfg, ray_address, print_config or dry_run)
         _serve(cfg, print_config, dry_run)
     except (ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None
@@ -205,6 +212,33 @@ def _engines(cfg: Any, found: list[Any], path: Path | None) -> tuple[list[Any], 
     model = path.name if path is not None else Path(cfg.model or DEFAULT_MODEL_FILE).name
     max_active = int(cfg.worker.get("max_active", GPU_MAX_ACTIVE))
     return apply(found, model, max_active, read_rates, forced)
+
+
+def _serve_ray(cfg: Any, address: str, only_print: bool) -> None:
+    """The fleet on a Ray cluster (fleet/driver.py); exits when it ends."""
+    if only_print:
+        raise ValueError("--print-config and --dry-run describe one machine; drop --ray")
+    if cfg.keys:
+        raise ValueError("with --ray the fleet makes its own keys and carries them through Ray; "
+                         "drop --keys")  # fmt: skip
+    from tandem.fleet import RayMissing, need_ray
+    from tandem.fleet.plans import check, router_ports
+
+    router_ports(cfg)  # the ports the router takes on its node: refused now, not there
+    check(cfg, COMMANDS)  # a flag a process would refuse: refused before any node starts
+    try:
+        need_ray()
+    except RayMissing as exc:
+        raise click.ClickException(str(exc)) from None
+    from tandem.fleet.driver import FleetError, serve_on_ray
+    from tandem.launcher.screen import Screen
+
+    try:
+        sys.exit(serve_on_ray(cfg, address, Screen(), COMMANDS))
+    except FleetError as exc:
+        raise click.ClickException(str(exc)) from None
+    except ConnectionError as exc:  # ray.init found no cluster there
+        raise click.ClickException(f"no Ray cluster at {address!r}: {exc}") from None
 
 
 def _run_dir(given: str | None) -> Path:

@@ -24,7 +24,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from tandem.cli.options import client_addr, keys_option
+from tandem.cli.options import client_addr, keys_option, ray_option, via_ray
 from tandem.cli.tables import CAPABILITIES_LEGEND, cache_cell, capabilities_cell, worker_label
 from tandem.client.waiting import stage_words
 from tandem.common import protocol as p
@@ -169,9 +169,14 @@ def key_reader() -> Iterator[Any]:
 @click.option("--interval-s", type=float, default=1.0, show_default=True)
 @click.option("--once", is_flag=True, help="Print one frame and exit (no live redraw).")
 @keys_option
-def top(router_addr: str, interval_s: float, once: bool, keys: str | None) -> None:
+@ray_option
+def top(
+    router_addr: str, interval_s: float, once: bool, keys: str | None, ray_address: str | None
+) -> None:
     """A live view of the cluster: workers, load, rates, recent routing decisions."""
     from tandem.client import Client, RouterUnavailable, TandemError
+
+    router_addr, keys = via_ray(ray_address, router_addr, keys)
 
     if interval_s <= 0:
         raise click.UsageError("--interval-s must be > 0")

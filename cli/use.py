@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from tandem.cli.options import client_addr, keys_option
+from tandem.cli.options import client_addr, keys_option, ray_option, via_ray
 from tandem.client.waiting import waiting_for_starting
 from tandem.common import protocol as p
 
@@ -122,9 +122,12 @@ def _check_arguments(text_arg: dict[str, Any], options: dict[str, Any], timeout_
 @client_addr
 @click.option("--json", "as_json", is_flag=True)
 @keys_option
-def status(router_addr: str, as_json: bool, keys: str | None) -> None:
+@ray_option
+def status(router_addr: str, as_json: bool, keys: str | None, ray_address: str | None) -> None:
     """Show the router's workers and their load."""
     from tandem.client import Client, TandemError
+
+    router_addr, keys = via_ray(ray_address, router_addr, keys)
 
     try:
         with Client(router_addr, connect_timeout_s=3.0, retries=1, keys=keys) as c:

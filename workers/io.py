@@ -15,6 +15,7 @@ the worker simply re-registers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -27,6 +28,7 @@ import zmq
 from tandem.common import protocol as p
 from tandem.common.refusals import RefusalLog
 from tandem.common.transport import DealerSocket, Setup, close_monitor, context, monitor_socket
+from tandem.workers.follow import RouterFile
 
 if TYPE_CHECKING:
     from tandem.workers.engine import Inbox
@@ -45,6 +47,7 @@ _REFUSED = (
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
+FOLLOW_S = 0.25  # how often --router-file is looked at (one stat)
 STALL_S = 60.0  # compute-thread silence after which heartbeats are no longer repeated
 
 
@@ -56,8 +59,10 @@ class WorkerLink:
         inbox: Inbox,
         stall_s: float = STALL_S,
         setup: Setup | None = None,
+        router_file: RouterFile | None = None,
     ) -> None:
         self.router_addr = router_addr
+        self.router_file = router_file  # where a moved router's address appears
         self.setup = setup  # CURVE options when the router uses keys
         self._registrations = 0
         self.stall_s = stall_s
@@ -108,7 +113,7 @@ class WorkerLink:
         # A refused CURVE handshake is otherwise silent: the Ready just never lands.
         refused = monitor_socket(dealer.sock, _REFUSED)
         poller.register(refused, zmq.POLLIN)
-        backoff_s, next_ready = 0.25, 0.0
+        backoff_s, next_ready, next_follow = 0.25, 0.0, 0.0
         last_hb: bytes | None = None
         last_sent = last_heard = time.monotonic()  # heard: from the compute thread
         stalled = False
@@ -150,6 +155,10 @@ class WorkerLink:
                     while dealer.poll(0):
                         if self._receive(dealer):
                             backoff_s, next_ready = 0.25, 0.0
+                if self.router_file is not None and now >= next_follow:
+                    next_follow = now + FOLLOW_S
+                    if self._follow(dealer):
+                        backoff_s, next_ready = 0.25, 0.0
                 if refused in events:
                     refused.recv_multipart()
                     log.error("router %s refused our handshake: wrong or missing keys "
@@ -174,6 +183,21 @@ class WorkerLink:
             close_monitor(dealer.sock, refused)
             dealer.close()
             self._pull.close(linger=0)
+
+    def _follow(self, dealer: DealerSocket) -> bool:
+        """The router moved (--router-file): connect there and register again at once.
+        The new router's Welcome makes us drop what the old one gave us (_dispatch)."""
+        assert self.router_file is not None
+        addr = self.router_file.moved()
+        if addr is None:
+            return False
+        log.warning("the router moved: %s -> %s; registering there", self.router_addr, addr)
+        with contextlib.suppress(zmq.ZMQError):  # already gone: nothing to undo
+            dealer.sock.disconnect(self.router_addr)
+        dealer.sock.connect(addr)
+        self.router_addr = dealer.address = addr
+        self.registered.clear()
+        return True
 
     def _receive(self, dealer: DealerSocket) -> bool:
         """Read and handle one message; True when we must re-register now. Nothing the

@@ -56,8 +56,12 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
     )  # fmt: skip
     inbox: queue.Queue[p.Message] = queue.Queue()
     from tandem.common.auth import peer_setup
+    from tandem.workers.follow import RouterFile
 
-    link = WorkerLink(cfg.router, ready, inbox, setup=peer_setup(cfg.keys, "worker"))
+    follow = RouterFile(cfg.router_file, cfg.router) if cfg.router_file else None
+    link = WorkerLink(
+        cfg.router, ready, inbox, setup=peer_setup(cfg.keys, "worker"), router_file=follow
+    )
     engine = Engine(backend, cfg.engine, link.emit, worker_id, inbox)
     if prices.adopt is not None:  # the router's live model starts from a full warm-up
         engine.timer.adopt(prices.adopt.stats)

@@ -51,11 +51,11 @@ def _imports(path: Path, name: str, known: set[str], types_too: bool = False) ->
     return {m for m in out if m in known and m != name}
 
 
-# common < client, workers < broker, gateway, launcher < bench, twin < cli: a room
+# common < client, workers < broker, gateway, launcher < bench, twin, fleet < cli: a room
 # imports only rooms of a lower layer. The package root re-exports the client, and
 # ``python -m tandem`` is the command.
 LAYERS = (("common",), ("client", "workers"), ("broker", "gateway", "launcher"),
-          ("bench", "twin"), ("cli",))  # fmt: skip
+          ("bench", "twin", "fleet"), ("cli",))  # fmt: skip
 RANK = {room: i for i, layer in enumerate(LAYERS) for room in layer}
 RANK |= {"": RANK["client"] + 0.5, "__main__": RANK["cli"] + 1}
 # Imports inside one layer, each with its reason; the cycle test keeps them one-way.
