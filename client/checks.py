@@ -17,6 +17,7 @@ from typing import Any
 
 from tandem.client.errors import BadRequest
 from tandem.common import protocol as p
+from tandem.common.validation import MAX_MESSAGES
 
 INT_END = 2**63  # the ends of the integer fields: what both sides store in 64 bits
 SEED_END = 2**64
@@ -33,6 +34,9 @@ def check_submit(sub: p.Submit) -> None:
     if sub.messages is not None:
         if not isinstance(sub.messages, list):
             raise BadRequest("messages must be a list of messages", field="messages")
+        if len(sub.messages) > MAX_MESSAGES:  # counted before any of them is walked
+            n = len(sub.messages)
+            raise BadRequest(f"{n} chat messages; at most {MAX_MESSAGES}", field="messages")
         for i, m in enumerate(sub.messages):
             _value(f"messages[{i}]", m, 0)
     if sub.worker is not None:
