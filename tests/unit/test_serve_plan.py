@@ -22,6 +22,7 @@ from tandem.launcher import config as conf
 from tandem.launcher import devices as dev
 from tandem.launcher.cluster import free_tcp_port
 from tandem.launcher.plan import effective, make_plan
+from tandem.launcher.screen import curl
 
 MAC = dev.Machine("Darwin", "arm64", cores=10, mlx_metal=True, llama_gpu=True)
 CUDA = dev.Machine("Linux", "x86_64", cores=16, mlx_cuda=True, cuda_gpus=2)
@@ -319,3 +320,11 @@ def test_the_run_folders_config_is_readable_by_its_owner_alone(tmp_path, monkeyp
     assert written.stat().st_mode & 0o777 == 0o600
     assert tomllib.loads(written.read_text())["gateway"]["api_key"] == "sekret-key"
     assert "sekret-key" not in (run / "plan.txt").read_text()  # masked there
+
+
+def test_the_curl_serve_prints_is_silent_and_sends_the_key():
+    """Issue 38, item 6: the curl to paste printed curl's progress meter over the answer."""
+    cfg = conf.ServeConfig(gateway={"api_key": "k", "port": 9001})
+    shown = shlex.split(curl(make_plan(effective(cfg, []), COMMANDS), "m"))
+    assert shown[:3] == ["curl", "-s", "http://127.0.0.1:9001/v1/chat/completions"]
+    assert "Authorization: Bearer k" in shown
