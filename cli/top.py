@@ -160,26 +160,26 @@ def key_reader() -> Iterator[Any]:
     os.set_blocking(wake_w, False)  # as set_wakeup_fd wants it
     old_fd = signal.set_wakeup_fd(wake_w)
     old_handler = signal.signal(signal.SIGINT, lambda *_: stopped.set())
-    fd = sys.stdin.fileno() if sys.stdin and sys.stdin.isatty() else None
-    saved = termios.tcgetattr(fd) if fd is not None else None
-    if fd is not None:
+    keys = [sys.stdin.fileno()] if sys.stdin and sys.stdin.isatty() else []  # none: waits
+    saved = [termios.tcgetattr(fd) for fd in keys]
+    for fd in keys:
         tty.setcbreak(fd)
 
     def read(timeout_s: float) -> str | None:
         if not stopped.is_set():
-            ready, _, _ = select.select([wake_r] + ([fd] if fd is not None else []), [], [],
-                                        timeout_s)  # fmt: skip
+            ready, _, _ = select.select([wake_r, *keys], [], [], timeout_s)
             if wake_r in ready:  # another signal's byte too: drained, or select spins
                 os.read(wake_r, 512)
-            if fd in ready and not stopped.is_set():
-                return os.read(fd, 1).decode(errors="replace")
+            typed = [fd for fd in keys if fd in ready]
+            if typed and not stopped.is_set():
+                return os.read(typed[0], 1).decode(errors="replace")
         return "q" if stopped.is_set() else None
 
     try:
         yield read
     finally:
-        if fd is not None:
-            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        for fd, mode in zip(keys, saved, strict=True):
+            termios.tcsetattr(fd, termios.TCSADRAIN, mode)
         signal.signal(signal.SIGINT, old_handler)
         signal.set_wakeup_fd(old_fd)
         os.close(wake_r)
