@@ -61,4 +61,4 @@ def test_a_worker_that_stops_cleanly_is_not_probed_after_its_goodbye(tmp_path) -
             wait_for(c, lambda workers: not workers)
     log = (tmp_path / "router.log").read_text()
     assert log.count("worker sim0 removed: said goodbye") == 3, log
-    assert "dropping" not in log, log
+    assert "dropping welcome" not in log, log
