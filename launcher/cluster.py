@@ -124,10 +124,11 @@ class Cluster:
             while time.monotonic() < deadline:
                 try:
                     have = {w["id"] for w in c.status().workers}
-                except TandemError:
+                except TandemError:  # not listening yet: with no worker asked, wait too
                     have = set()
-                if ids <= have:
-                    return
+                else:
+                    if ids <= have:
+                        return
                 for name, proc in self.procs.items():
                     if proc.poll() is not None:
                         raise RuntimeError(
