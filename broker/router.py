@@ -168,12 +168,14 @@ class Router:
         watch = ready is None or self._monitor in ready
         if watch and drain(self._monitor, "workers", self.peers):
             core.disconnected(now)
-        if core.liveness.probes:  # an unreachable worker is dropped as its Welcome fails
-            core.probe(now)
         # Workers first: finishing requests frees capacity for new ones.
         skip = ready is not None and self.worker_sock.sock not in ready
         if skip or self.drain_workers():
             core.tick(now)  # liveness: once every worker frame waiting has been read
+        # After their frames: a worker that said Goodbye before its connection closed
+        # is gone, not probed (its Welcome failing logged a drop on every clean stop).
+        if core.liveness.probes:  # an unreachable worker is dropped as its Welcome fails
+            core.probe(now)
         self._flush()  # whatever expiring workers failed
         if core.tokenizing and (ready is None or self.tokenizing.fd in ready):
             core.tokenized()

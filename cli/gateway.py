@@ -56,6 +56,7 @@ from tandem.gateway.config import GatewayConfig
     "max_connections",
     "Connections from all addresses at once; 0: the descriptor limit less a reserve.",
 )
+@field_option(GatewayConfig, "max_messages", "Chat messages one request may hold; beyond, 400.")
 @keys_option
 @click.option("--access-log/--no-access-log", default=False, show_default=True)
 def gateway(
@@ -71,6 +72,7 @@ def gateway(
     body_timeout_s: float,
     max_connections_per_client: int,
     max_connections: int,
+    max_messages: int,
     keys: str | None,
     access_log: bool,
 ) -> None:
@@ -93,6 +95,7 @@ def gateway(
             body_timeout_s=body_timeout_s,
             max_connections_per_client=max_connections_per_client,
             max_connections=max_connections,
+            max_messages=max_messages,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -3,6 +3,7 @@ one command; the machinery is in launcher/ (devices, plan, supervisor)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -174,8 +175,8 @@ def _serve(cfg: Any, print_config: bool, dry_run: bool) -> None:
     found, choices = _engines(cfg, found, path)
     eff = effective(cfg, found)
     if print_config:
-        make_plan(eff, COMMANDS)  # refuse what the processes would refuse
-        click.echo(conf.dumps(eff), nl=False)
+        plan = make_plan(eff, COMMANDS)  # refuse what the processes would refuse
+        click.echo(conf.dumps(_in_effect(eff, plan)), nl=False)
         return
     plan = make_plan(eff, COMMANDS, str(path) if cfg.model and path else cfg.model, progress=True)
     shown = "".join(c.line() + "\n" for c in choices) + plan.describe()
@@ -189,7 +190,7 @@ def _serve(cfg: Any, print_config: bool, dry_run: bool) -> None:
     if join_at and not eff.keys:  # other hosts may reach it: never without keys
         eff = replace(eff, keys=str(private_keys(folder / "keys")))
         plan = make_plan(eff, COMMANDS, str(path) if cfg.model and path else cfg.model, True)
-    (folder / "tandem.toml").write_text(conf.dumps(eff))
+    _write_private(folder / "tandem.toml", conf.dumps(eff))  # it may hold the API key
     (folder / "plan.txt").write_text(shown + "\n")
     record(choices, folder)
     for c in choices:
@@ -239,6 +240,35 @@ def _serve_ray(cfg: Any, address: str, only_print: bool) -> None:
         raise click.ClickException(str(exc)) from None
     except ConnectionError as exc:  # ray.init found no cluster there
         raise click.ClickException(f"no Ray cluster at {address!r}: {exc}") from None
+
+
+def _in_effect(eff: Any, plan: Any) -> Any:
+    """``eff`` with what the plan takes from defaults and the environment written in:
+    the model, the router's addresses (TANDEM_CLIENT_ADDR / TANDEM_WORKER_ADDR) and
+    policy, the gateway's host and port (TANDEM_GATEWAY_HOST / _PORT)."""
+    from dataclasses import replace
+
+    from tandem.common.model_files import default_model_path
+    from tandem.launcher.plan import option_keys
+
+    model = eff.model
+    if model is None:
+        with contextlib.suppress(FileNotFoundError):  # not installed: leave it unset
+            model = str(default_model_path())
+    policy = option_keys(router_command)["policy"].default
+    router = {"policy": policy, **eff.router}
+    router |= {"client_addr": plan.client_addr, "worker_addr": plan.worker_addr}
+    host, _, port = plan.gateway_bind.rpartition(":")
+    gateway = {**eff.gateway, "host": host, "port": int(port)}
+    return replace(eff, model=model, router=router, gateway=gateway)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``path`` readable by its owner alone (0600), even where it was not."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode through open: set it
+        f.write(text)
 
 
 def _run_dir(given: str | None) -> Path:

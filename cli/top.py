@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import signal
 import sys
 import termios
+import threading
 import time
 import tty
 from collections.abc import Iterator, Sequence
@@ -54,8 +56,11 @@ class Rates:
         self.t, self.routed, self.tokens = now, routed, tokens
 
 
-def render(st: p.StatusReply | None, rates: Rates, address: str, error: str = "") -> Group:
-    """One frame of the view (pure: what it shows depends on its arguments alone)."""
+def render(
+    st: p.StatusReply | None, rates: Rates, address: str, error: str = "", live: bool = True
+) -> Group:
+    """One frame of the view (pure: what it shows depends on its arguments alone);
+    ``live``: redrawn until a key quits it (not ``--once``), which its header says."""
     if st is None:
         return Group(Text(f"tandem top - router {address}: {error or 'no answer'}", "bold red"))
     act = st.activity
@@ -64,7 +69,7 @@ def render(st: p.StatusReply | None, rates: Rates, address: str, error: str = ""
         f"  router {address}  policy {st.policy}  workers {len(st.workers)}  ",
         f"in flight {st.requests_in_flight}  pending {st.requests_pending}  ",
         (f"{rates.req_s:.1f} req/s  {rates.tok_s:.0f} tok/s", "bold cyan"),
-        f"  up {float(act.get('uptime_s', 0)):.0f}s   (q quits)",
+        f"  up {float(act.get('uptime_s', 0)):.0f}s" + ("   (q quits)" if live else ""),
     )
     return Group(head, workers_table(st.workers, st.starting), decisions_table(act))
 
@@ -146,22 +151,41 @@ def _rate(advertised: float | None, priced: float | None) -> str:
 @contextlib.contextmanager
 def key_reader() -> Iterator[Any]:
     """A function waiting up to ``timeout_s`` for a key (None if none), with the
-    terminal in cbreak mode for the duration; without a terminal, it only sleeps."""
-    fd = sys.stdin.fileno() if sys.stdin and sys.stdin.isatty() else None
-    if fd is None:
-        yield lambda timeout_s: time.sleep(timeout_s)
-        return
-    saved = termios.tcgetattr(fd)
-    tty.setcbreak(fd)
+    terminal in cbreak mode for the duration; without a terminal, it only waits.
+
+    Ctrl-C is read as ``q``: while this runs it sets a flag rather than raising
+    KeyboardInterrupt wherever it lands (inside rich's Live starting up, the screen
+    stayed switched and a test under load saw it now and then), and wakes the wait
+    at once through the signal's wakeup descriptor."""
+    stopped = threading.Event()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)  # as set_wakeup_fd wants it
+    old_fd = signal.set_wakeup_fd(wake_w)
+    old_handler = signal.signal(signal.SIGINT, lambda *_: stopped.set())
+    keys = [sys.stdin.fileno()] if sys.stdin and sys.stdin.isatty() else []  # none: waits
+    saved = [termios.tcgetattr(fd) for fd in keys]
+    for fd in keys:
+        tty.setcbreak(fd)
 
     def read(timeout_s: float) -> str | None:
-        ready, _, _ = select.select([fd], [], [], timeout_s)
-        return os.read(fd, 1).decode(errors="replace") if ready else None
+        if not stopped.is_set():
+            ready, _, _ = select.select([wake_r, *keys], [], [], timeout_s)
+            if wake_r in ready:  # another signal's byte too: drained, or select spins
+                os.read(wake_r, 512)
+            typed = [fd for fd in keys if fd in ready]
+            if typed and not stopped.is_set():
+                return os.read(typed[0], 1).decode(errors="replace")
+        return "q" if stopped.is_set() else None
 
     try:
         yield read
     finally:
-        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        for fd, mode in zip(keys, saved, strict=True):
+            termios.tcsetattr(fd, termios.TCSADRAIN, mode)
+        signal.signal(signal.SIGINT, old_handler)
+        signal.set_wakeup_fd(old_fd)
+        os.close(wake_r)
+        os.close(wake_w)
 
 
 @click.command()
@@ -193,7 +217,7 @@ def top(
         except TandemError as exc:
             return render(None, rates, router_addr, str(exc))
         rates.update(st.activity, time.monotonic())
-        return render(st, rates, router_addr)
+        return render(st, rates, router_addr, live=not once)
 
     # Piped or captured (`tandem top --once > file`), rich would squeeze the tables into
     # 80 columns (or $COLUMNS, which harnesses set to 80) until no header could be read:

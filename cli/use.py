@@ -70,6 +70,7 @@ def generate(
         worker=worker_sel,
     )
     _check_arguments(text_arg, options, timeout_s)
+    shown = False  # streamed text is on the screen, its line not ended yet
     try:
         explain = _explainer(worker_sel)
         with Client(router_addr, timeout_s=timeout_s, keys=keys, on_wait=explain) as c:
@@ -77,8 +78,11 @@ def generate(
             for delta in s:
                 if stream and not as_json:
                     click.echo(delta.text, nl=False)
+                    shown = shown or bool(delta.text)
             result = s.result
     except TandemError as exc:
+        if shown:  # end the streamed line: the error gets its own
+            click.echo()
         click.echo(f"error ({exc.code}): {exc.message}", err=True)
         sys.exit(1)
     except ValueError as exc:  # e.g. an unreadable keys folder

@@ -17,6 +17,7 @@ from typing import Any
 
 from tandem.client.errors import BadRequest
 from tandem.common import protocol as p
+from tandem.common.validation import MAX_MESSAGES, MAX_N_CTX
 
 INT_END = 2**63  # the ends of the integer fields: what both sides store in 64 bits
 SEED_END = 2**64
@@ -33,6 +34,9 @@ def check_submit(sub: p.Submit) -> None:
     if sub.messages is not None:
         if not isinstance(sub.messages, list):
             raise BadRequest("messages must be a list of messages", field="messages")
+        if len(sub.messages) > MAX_MESSAGES:  # counted before any of them is walked
+            n = len(sub.messages)
+            raise BadRequest(f"{n} chat messages; at most {MAX_MESSAGES}", field="messages")
         for i, m in enumerate(sub.messages):
             _value(f"messages[{i}]", m, 0)
     if sub.worker is not None:
@@ -49,6 +53,12 @@ def _sampling(s: p.SamplingParams) -> None:
     """Each field encodable (its type and range are the decoder's, in ``p.check``)."""
     if not isinstance(s, p.SamplingParams):
         raise BadRequest("sampling must be a SamplingParams", field="sampling")
+    # The decoder's bound is 0..MAX_N_CTX (0: prefill_only alone): say the range that
+    # holds for this request, not ">= 0" nor the 64-bit ends of any integer.
+    low = 0 if s.prefill_only is True else 1
+    if type(s.max_tokens) is int and not low <= s.max_tokens <= MAX_N_CTX:
+        words = f"max_tokens must be in {low}..{MAX_N_CTX}, got {s.max_tokens}"
+        raise BadRequest(words, field="max_tokens")
     for name in s.__struct_fields__:
         _value(name, getattr(s, name), 0)
 

@@ -3,7 +3,8 @@
 A client socket carries one monitor for its whole life, attached before it
 connects. Two kinds of event matter:
 
-- a closed connection (``DISCONNECTED``) loses every request in flight on it: the
+- a closed connection (``DISCONNECTED``) whose handshake had succeeded loses every
+  request in flight on it (none reached a router before the handshake): the
   router answers on the connection a request came in on;
 - an open connection (``CONNECTED``: the TCP or IPC connect went through, which
   the kernel and libzmq's I/O thread do even while the router's loop is busy);
@@ -18,6 +19,11 @@ connects. Two kinds of event matter:
   into the dead connection and the ones after it block the sender forever. So
   the monitor must exist before the connection does, and the refusal is kept:
   the client fails every pending and later call with it.
+  A handshake that ends with no answer (``HANDSHAKE_FAILED_NO_DETAIL``) is what a
+  wrong router key looks like, but also a router that stopped mid-handshake: it
+  is a refusal only once the next connection fails the same way (a router that
+  is gone accepts none: the call then fails with RouterUnavailable, not with a
+  word about keys), and a handshake that succeeds clears it.
 
 The monitor's queue has no limit (``RCVHWM`` 0 on the reading end): libzmq sends
 each event with a blocking send from the context's I/O thread, so a bounded queue
@@ -46,7 +52,10 @@ REFUSALS: dict[int, str] = {  # by the monitor's event number
         "our key exchange got no answer (router.key in our keys folder may not be its key)"
     ),
 }
-EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | sum(REFUSALS)
+UNANSWERED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL  # a refusal only when it happens twice
+EVENTS = (
+    zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | sum(REFUSALS)
+)
 NO_ROUTER_S = 1.0  # a call that sees no connection this long: no router at the address
 LOST, REFUSED = "lost", "refused"  # what an event did to the connection (``Link.read``)
 SocketT = TypeVar("SocketT", bound=zmq.Socket)  # a plain or an asyncio socket
@@ -98,17 +107,28 @@ class Link:
         self.up = False
         self.down_since = time.monotonic()
         self.refused: HandshakeRefused | None = None  # kept: no later call gets through
+        self.shaken = False  # the open connection's handshake succeeded
+        self.unanswered = False  # the last handshake ended with no answer (UNANSWERED)
 
     def read(self, frames: list[bytes]) -> str | None:
         """Apply one monitor event; LOST for a closed connection, REFUSED for a
         refused handshake (``refused`` holds the error), else None."""
         event = parse_monitor_message(frames)["event"]
         if event == zmq.EVENT_CONNECTED:
-            self.up = True
+            self.up, self.shaken = True, False
             return None
         if event == zmq.EVENT_DISCONNECTED:
+            # Before its handshake a connection carried no request: nothing is lost
+            # (what was sent waits in the socket for the next one).
+            lost = self.shaken
             self.went_down()
-            return LOST
+            return LOST if lost else None
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.shaken, self.unanswered = True, False
+            return None
+        if event == UNANSWERED and not self.unanswered:  # the router may have stopped
+            self.unanswered = True
+            return None
         refused = refusal(self.address, frames, self.keyed)
         if refused is None:
             return None
@@ -116,7 +136,7 @@ class Link:
         return REFUSED
 
     def went_down(self) -> None:
-        self.up, self.down_since = False, time.monotonic()
+        self.up, self.shaken, self.down_since = False, False, time.monotonic()
 
     def wait_left(self, since: float) -> float | None:
         """Seconds until ``absent(since)`` would fire; None while it cannot."""
@@ -133,7 +153,9 @@ class Link:
         left = self.wait_left(since)
         if left is None or left > 0:
             return None
-        return RouterUnavailable(no_router_message(self.address, self.no_router_s))
+        # Gone mid-handshake: what the user must not take for a word about keys.
+        words = no_router_message(self.address, self.no_router_s, self.unanswered)
+        return RouterUnavailable(words)
 
     def restart(self, sock: zmq.Socket) -> None:
         """Reconnect ``sock``: what it queued for a router that never came is dropped
@@ -143,9 +165,11 @@ class Link:
         self.went_down()
 
 
-def no_router_message(address: str, waited_s: float) -> str:
+def no_router_message(address: str, waited_s: float, mid_handshake: bool = False) -> str:
+    what = "it closed our connection during the handshake, and " if mid_handshake else ""
     return (
-        f"no router at {address}: nothing accepted a connection there in {waited_s:g} s. "
+        f"no router at {address}: {what}nothing accepted a connection there in "
+        f"{waited_s:g} s. "
         "Start one with `tandem serve` (or `tandem router`), or give the router's "
         "address with --router or TANDEM_CLIENT_ADDR"
     )

@@ -370,7 +370,8 @@ class Submit(Message, tag="submit"):
     request_id: Id
     prompt: str | None = None
     tokens: list[TokenId] | None = None
-    messages: list[dict[str, Any]] | None = None  # free-form: validation.tree_problem
+    # free-form (validation.tree_problem); how many: its header says, checked first
+    messages: Annotated[list[dict[str, Any]], Meta(max_length=bounds.MAX_MESSAGES)] | None = None
     sampling: SamplingParams = SamplingParams()
     stream: bool = True
     worker: Id | None = None

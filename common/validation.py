@@ -48,6 +48,10 @@ MAX_STOP_STRINGS = 16
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI's
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
 MAX_SCHEMA_CHARS = 1 << 18  # a JSON Schema's text
+# Chat messages in one Submit: checked from the msgpack array's header, before any
+# message is decoded (a 4 MiB body holds 123k tiny ones, each rendered by the chat
+# template and tokenized: 20 such requests stood a router still for seconds).
+MAX_MESSAGES = 4096
 # A worker's step model (common/steptime.py StepModel, Heartbeat.steps).
 STEP_POINTS = 64  # entries per list: one per batch size or chunk bucket
 MAX_STEP_S = 3600.0

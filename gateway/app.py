@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 from starlette.applications import Starlette
@@ -30,6 +31,7 @@ from tandem.client.errors import RouterLost, TandemError
 from tandem.client.session import Delta, Result
 from tandem.client.waiting import waiting_for_starting
 from tandem.common import protocol as p
+from tandem.gateway.bodies import Parsers, count_messages
 from tandem.gateway.config import GatewayConfig
 from tandem.gateway.disconnect import ClientGone, EventStream, unless_disconnected
 from tandem.gateway.errors import EXCEPTION_HANDLERS, ApiError
@@ -58,6 +60,7 @@ class Gateway:
         self._status_lock: asyncio.Lock | None = None
         self._refresh: asyncio.Future[None] | None = None
         self._failed: tuple[float, ApiError] | None = None  # the last failed query
+        self.parsers = Parsers()
 
     async def start(self) -> None:
         cfg = self.cfg
@@ -183,7 +186,7 @@ class Gateway:
             raw = await self.body(request)
         except ClientGone:
             return Response(status_code=499)
-        gen = read_request(raw, chat, self.cfg.default_max_tokens, uuid.uuid4().hex)
+        gen = await self._read(raw, chat)
         reply = Reply(chat, gen.request_id, await self.served_model(gen.model))
         self.admit()
         try:
@@ -198,6 +201,17 @@ class Gateway:
         finally:
             if not gen.stream:
                 self.release()
+
+    async def _read(self, raw: bytes, chat: bool) -> Generation:
+        """The body priced (its messages counted from its bytes), then parsed: on a
+        thread, a few at a time, when it is large (gateway/bodies.py)."""
+        cfg = self.cfg
+        if chat:
+            count_messages(raw, cfg.max_messages)
+        rid = uuid.uuid4().hex
+        read = partial(read_request, chat=chat, default_max_tokens=cfg.default_max_tokens,
+                       request_id=rid, max_messages=cfg.max_messages)  # fmt: skip
+        return await self.parsers.parse(read, raw)
 
     async def _complete(self, gen: Generation) -> Result:
         assert self.client is not None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tandem.common.validation import MAX_MESSAGES
+
 
 @dataclass(frozen=True)
 class GatewayConfig:
@@ -17,6 +19,9 @@ class GatewayConfig:
     request_timeout_s: float = 300.0  # silence from the router before a request fails
     status_ttl_s: float = 1.0  # how long a router status answers model / health checks
     max_body_bytes: int = 4 * 1024 * 1024  # larger request bodies get 413
+    # Chat messages in one request (more get 400, counted before the body is parsed);
+    # the router refuses more than common/validation.MAX_MESSAGES from any client.
+    max_messages: int = MAX_MESSAGES
     keys: str | None = None  # the router's CURVE keys folder (docs/SECURITY.md)
     # Slow clients (gateway/guard.py): a request's headers must be in this long after
     # its first byte (or after the connection opens), its body this long after them
@@ -43,6 +48,8 @@ class GatewayConfig:
             raise ValueError("request_timeout_s must be > 0 and status_ttl_s >= 0")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")
+        if not 1 <= self.max_messages <= MAX_MESSAGES:
+            raise ValueError(f"max_messages must be in 1..{MAX_MESSAGES} (the router's bound)")
         if not (self.header_timeout_s > 0 and self.body_timeout_s > 0):
             raise ValueError("header_timeout_s and body_timeout_s must be > 0")
         if self.max_connections_per_client < 1:

@@ -20,6 +20,8 @@ from typing import Any
 from tandem.client.errors import BadRequest
 from tandem.client.session import make_submit, sampling_params
 from tandem.common import protocol as p
+from tandem.common.validation import MAX_MESSAGES
+from tandem.gateway.bodies import too_many_messages
 from tandem.gateway.errors import ApiError
 from tandem.gateway.fields import check_fields
 from tandem.gateway.sampling import OPENAI_PARAM, sampling_options
@@ -55,16 +57,24 @@ class Generation:
         )  # fmt: skip
 
 
-def read_request(raw: bytes, chat: bool, default_max_tokens: int, request_id: str) -> Generation:
+def read_request(
+    raw: bytes, chat: bool, default_max_tokens: int, request_id: str,
+    max_messages: int = MAX_MESSAGES,
+) -> Generation:  # fmt: skip
     """The one door of a request body: JSON, then its fields, then the Submit the
     gateway sends (``Generation.submit``), checked by the client library
     (client/checks.py). Whatever a body holds, the answer is a Generation or a 400
     ApiError naming what is wrong; a failure none of the checks foresaw is still the
     body's doing, so it is a 400 too (and logged, to add the check it shows is
     missing)."""
-    parse = parse_chat if chat else parse_completion
     try:
-        gen = replace(parse(decode_json(raw), default_max_tokens), request_id=request_id)
+        body = decode_json(raw)
+        parsed = (
+            parse_chat(body, default_max_tokens, max_messages)
+            if chat
+            else parse_completion(body, default_max_tokens)
+        )
+        gen = replace(parsed, request_id=request_id)
         gen.submit  # noqa: B018 (built here, where its refusal becomes a 400)
     except ApiError:
         raise
@@ -109,13 +119,15 @@ def _param(field: str | None, raw: bytes) -> str | None:
     return OPENAI_PARAM.get(field, field)
 
 
-def parse_chat(body: Any, default_max_tokens: int) -> Generation:
+def parse_chat(body: Any, default_max_tokens: int, max_messages: int = MAX_MESSAGES) -> Generation:
     """A ``POST /v1/chat/completions`` body."""
     body = _object(body)
     check_fields(body, chat=True)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError.bad("messages must be a non-empty list", "messages")
+    if len(messages) > max_messages:  # counted before any is read
+        raise too_many_messages(f"{len(messages)} chat messages", max_messages)
     options: dict[str, Any] = {"messages": [_message(m, i) for i, m in enumerate(messages)]}
     max_tokens = _int(body, "max_completion_tokens", 1)
     if max_tokens is None:

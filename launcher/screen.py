@@ -122,7 +122,9 @@ def _keys(plan: Plan) -> str:
 
 def curl(plan: Plan, model: str) -> str:
     body = {"model": model, "messages": [{"role": "user", "content": "Say hello."}]}
-    args = ["curl", f"{plan.url}/v1/chat/completions", "-H", "Content-Type: application/json"]
+    # -s: no progress meter over the answer (it is all a paste of it would show).
+    url = f"{plan.url}/v1/chat/completions"
+    args = ["curl", "-s", url, "-H", "Content-Type: application/json"]
     if plan.api_key:
         args += ["-H", f"Authorization: Bearer {plan.api_key}"]
     return shlex.join([*args, "-d", json.dumps(body)])

@@ -10,6 +10,7 @@ that its setting changed the output, so a field that was silently ignored fails.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -103,14 +104,42 @@ def test_greedy_matches_the_library(backend, ref, prompt) -> None:
     assert ours(backend, prompt) == theirs(ref, prompt)
 
 
+def steps(backend: Any, prompt: list[int], **sampling: Any) -> tuple[list[int], list[dict]]:
+    """Greedy tokens and, per step, the logprobs the sampler saw: the chosen token's and
+    the 20 likeliest, by token id."""
+    req = Request("r", prompt, SamplingParams(**{"max_tokens": N, "logprobs": 20, **sampling}))
+    run = Run(backend).go(req)
+    seen = [lp for m in run.deltas("r") for lp in m.logprobs or ()]
+    return run.tokens("r"), [{i: x for i, _, x in lp.top} | {lp.id: lp.logprob} for lp in seen]
+
+
 def test_presence_and_frequency_penalties_match_the_library(backend, ref, prompt) -> None:
     """The library's penalty window (last_n_tokens_size, 64) covers all N outputs and
-    it feeds its penalties no prompt: OpenAI's semantics, ours."""
-    plain = ours(backend, prompt)
+    it feeds its penalties no prompt: OpenAI's semantics, ours.
+
+    That the penalties reach the sampler is checked on its logprobs, not on whether
+    they change this prompt's greedy tokens (on some builds' numerics they do not).
+    While both runs have produced the same tokens, the unpenalized logits are the
+    same, so between two tokens the penalized logprobs differ from the plain ones by
+    exactly the penalties: ``freq * count + pres`` for a token already output."""
+    plain_tokens, plain = steps(backend, prompt)
     for pres, freq in [(1.5, 0.5), (0.0, 2.0)]:
-        got = ours(backend, prompt, presence_penalty=pres, frequency_penalty=freq)
+        got, seen = steps(backend, prompt, presence_penalty=pres, frequency_penalty=freq)
         assert got == theirs(ref, prompt, presence_penalty=pres, frequency_penalty=freq)
-        assert got != plain, (pres, freq)
+        checked = 0
+        for i, (a, b) in enumerate(zip(plain, seen, strict=False)):
+            counts = Counter(got[:i])  # the output so far, the same in both runs
+            common = sorted(set(a) & set(b))
+            fresh = [t for t in common if not counts[t]]  # no penalty: the reference
+            for t in common if fresh else ():
+                want = -(freq * counts[t] + pres * (counts[t] > 0))
+                shift = (b[t] - b[fresh[0]]) - (a[t] - a[fresh[0]])
+                assert shift == pytest.approx(want, abs=1e-3), (pres, freq, i, t)
+                checked += bool(counts[t])
+            if got[i : i + 1] != plain_tokens[i : i + 1]:  # the contexts part: no more to compare
+                break
+        # An effect seen: a penalized token's shift measured, or the output changed.
+        assert checked or got != plain_tokens, "no step showed what the penalties did"
 
 
 def test_repetition_penalty_covers_the_prompt_as_hf_does(backend, ref, prompt) -> None:

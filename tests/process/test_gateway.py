@@ -321,6 +321,7 @@ def test_top_shows_the_workers_and_quits(served, quit_with):
         child.expect("req/s")
         child.sendintr() if quit_with == "ctrl-c" else child.send("q")
         child.expect(pexpect.EOF)
+        child.wait()  # its exit status, not a close's signal to a process still exiting
     finally:
         child.close(force=True)
     assert child.exitstatus == 0

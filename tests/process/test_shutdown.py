@@ -43,3 +43,22 @@ def test_sigterm_mid_stream_exits_promptly_and_fails_the_stream(spec: WorkerSpec
                 pass
         wait_for(c, lambda workers: workers == [], timeout_s=10)
         assert c.status().requests_in_flight == 0
+
+
+def test_a_worker_that_stops_cleanly_is_not_probed_after_its_goodbye(tmp_path) -> None:
+    """Issue 38, item 6: every clean stop logged "dropping welcome ... Host unreachable".
+    The worker's Goodbye and its closed connection reach the router together; the
+    close made the router probe every worker at once, the leaving one included, before
+    reading the Goodbye. Probes now follow the worker frames of their turn."""
+    sim = WorkerSpec("sim0", ["--backend", "sim", "--profile", "cpu-m2", "--warmup", "off"])
+    for _ in range(3):  # one stop could be read in two turns by chance: three chances
+        with (
+            Cluster(workers=[sim], log_dir=tmp_path, transport="tcp") as cl,
+            cl.client(timeout_s=30) as c,
+        ):
+            cl.procs["sim0"].send_signal(signal.SIGTERM)
+            cl.procs["sim0"].wait(30)
+            wait_for(c, lambda workers: not workers)
+    log = (tmp_path / "router.log").read_text()
+    assert log.count("worker sim0 removed: said goodbye") == 3, log
+    assert "dropping welcome" not in log, log

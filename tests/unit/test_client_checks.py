@@ -121,3 +121,14 @@ def test_the_wire_refuses_unknown_fields_of_a_message_and_of_its_sampling():
         with pytest.raises(p.ProtocolError) as e:
             p.decode(msgpack.packb({"v": p.PROTOCOL_VERSION, **body}))
         assert e.value.message == where and e.value.code == p.BAD_REQUEST
+
+
+@pytest.mark.parametrize("value", [-1, 0, 2**24 + 1, 2**64])
+def test_a_max_tokens_out_of_range_is_told_the_range_it_has(value):
+    """Issue 38, item 6: -1 was told "expected int >= 0" (0 is refused too) and 2**64
+    the 64-bit ends of any integer."""
+    with pytest.raises(BadRequest, match=r"^max_tokens must be in 1\.\.16777216, got ") as e:
+        make_submit("hi", max_tokens=value)
+    assert e.value.field == "max_tokens"
+    prefill = make_submit("hi", max_tokens=0, prefill_only=True)  # its own range: 0..
+    assert prefill.sampling.max_tokens == 0

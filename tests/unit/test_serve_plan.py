@@ -5,6 +5,7 @@ keys refused by name, and models named the Hugging Face way found offline."""
 from __future__ import annotations
 
 import shlex
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from tandem.launcher import config as conf
 from tandem.launcher import devices as dev
 from tandem.launcher.cluster import free_tcp_port
 from tandem.launcher.plan import effective, make_plan
+from tandem.launcher.screen import curl
 
 MAC = dev.Machine("Darwin", "arm64", cores=10, mlx_metal=True, llama_gpu=True)
 CUDA = dev.Machine("Linux", "x86_64", cores=16, mlx_cuda=True, cuda_gpus=2)
@@ -141,7 +143,11 @@ def test_config_round_trip_gives_the_same_plan(tmp_path, monkeypatch):
     assert printed.exit_code == 0, printed.output
     second = tmp_path / "printed.toml"
     second.write_text(printed.output)
-    assert conf.load(second) == effective(conf.load(first), dev.devices(MAC))
+    # What the file set, printed back; beside it what was in effect by default.
+    wrote, was = conf.load(second), effective(conf.load(first), dev.devices(MAC))
+    assert wrote.workers == was.workers and wrote.model == was.model
+    for section in ("router", "gateway", "worker"):
+        assert getattr(was, section).items() <= getattr(wrote, section).items(), section
     plans = [make_plan(effective(conf.load(f), []), COMMANDS) for f in (first, second)]
     assert plans[0] == plans[1]
     plan = plans[0]
@@ -273,3 +279,54 @@ def test_curve_keys_reach_every_process_and_a_bad_folder_is_refused(tmp_path, mo
         assert given == str(tmp_path / "k"), proc  # the gateway by environment: no --keys
     result = CliRunner().invoke(serve, ["--dry-run", "--keys", str(tmp_path)])
     assert result.exit_code != 0 and "not a tandem keys folder" in result.output
+
+
+def test_print_config_shows_the_model_and_the_addresses_in_effect(monkeypatch):
+    """Issue 38, item 6: with no file and no flags it printed the workers alone."""
+    monkeypatch.setattr(dev, "probe", lambda: CPU_ONLY)
+    client, worker = f"tcp://127.0.0.1:{free_tcp_port()}", f"tcp://127.0.0.1:{free_tcp_port()}"
+    monkeypatch.setenv("TANDEM_CLIENT_ADDR", client)
+    monkeypatch.setenv("TANDEM_WORKER_ADDR", worker)
+    monkeypatch.setenv("TANDEM_GATEWAY_PORT", "9123")
+    printed = CliRunner().invoke(serve, ["--print-config"])
+    assert printed.exit_code == 0, printed.output
+    cfg = tomllib.loads(printed.output)
+    assert cfg["model"] == str(default_model_path())
+    assert cfg["router"] == {"policy": "lookahead", "client_addr": client, "worker_addr": worker}
+    assert cfg["gateway"] == {"host": "127.0.0.1", "port": 9123}
+
+
+class _Started:
+    """Stands in for the Supervisor and its Screen: records the run, starts nothing."""
+
+    def __init__(self, *args: object) -> None:
+        pass
+
+    def run(self, keys: str | None) -> int:
+        return 0
+
+
+def test_the_run_folders_config_is_readable_by_its_owner_alone(tmp_path, monkeypatch):
+    """Issue 38, item 6: tandem.toml held the API key in a 0644 file."""
+    monkeypatch.setattr(dev, "probe", lambda: CPU_ONLY)
+    monkeypatch.setattr("tandem.launcher.supervisor.Supervisor", _Started)
+    monkeypatch.setattr("tandem.launcher.screen.Screen", _Started)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tandem.toml").write_text("old")
+    (run / "tandem.toml").chmod(0o644)  # a folder used before: its file's mode is reset
+    args = ["--api-key", "sekret-key", "--run-dir", str(run), "--devices", "cpu"]
+    result = CliRunner().invoke(serve, args)
+    assert result.exit_code == 0, result.output
+    written = run / "tandem.toml"
+    assert written.stat().st_mode & 0o777 == 0o600
+    assert tomllib.loads(written.read_text())["gateway"]["api_key"] == "sekret-key"
+    assert "sekret-key" not in (run / "plan.txt").read_text()  # masked there
+
+
+def test_the_curl_serve_prints_is_silent_and_sends_the_key():
+    """Issue 38, item 6: the curl to paste printed curl's progress meter over the answer."""
+    cfg = conf.ServeConfig(gateway={"api_key": "k", "port": 9001})
+    shown = shlex.split(curl(make_plan(effective(cfg, []), COMMANDS), "m"))
+    assert shown[:3] == ["curl", "-s", "http://127.0.0.1:9001/v1/chat/completions"]
+    assert "Authorization: Bearer k" in shown
