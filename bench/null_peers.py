@@ -147,6 +147,9 @@ def heartbeat_swarm(address: str, n_workers: int, spec: dict[str, Any], stop: An
     protocol allows), then, once welcomed, an empty heartbeat every HEARTBEAT_S
     each (as a real worker: none before its Welcome)."""
     ctx: zmq.Context = zmq.Context.instance()
+    # A context holds 1,023 sockets by default: a swarm of 1,024 needs more (set
+    # before its first socket).
+    ctx.set(zmq.MAX_SOCKETS, max(ctx.get(zmq.MAX_SOCKETS), n_workers + 16))
     socks = []
     for i in range(n_workers):
         s = ctx.socket(zmq.DEALER)

@@ -21,7 +21,7 @@ from tandem.broker.arrivals import ArrivalLog
 from tandem.broker.calibration import Calibration
 from tandem.broker.config import RouterConfig
 from tandem.broker.identity import RequestIds
-from tandem.broker.ledger import ViewCache
+from tandem.broker.ledger import StatusRows, ViewCache
 from tandem.broker.liveness import Liveness
 from tandem.broker.metrics import RouterMetrics
 from tandem.broker.outgoing import Outgoing
@@ -79,6 +79,7 @@ class CoreState:
             lambda: (len(self.workers), len(self.requests), len(self.pending))
         )
         self.views = ViewCache(self.calibration)
+        self.status_rows = StatusRows(self.calibration)
         self.outbox = TokenOutbox()
         self.refusals = RefusalLog(log)  # refused frames and handling failures, rate-limited
         # Large prompts tokenized beside the loop (its thread pool is the driver's);

@@ -8,6 +8,7 @@ joins results. The work itself lives in ``bench/``; this module maps options ont
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -281,8 +282,13 @@ def twin_oracle(result: str, budget: int, served_from: str, out_dir: str | None)
 @click.option("--requests", type=int, default=4000, show_default=True, help="For req/s.")
 @click.option("--stream-tokens", type=int, default=2000, show_default=True,
               help="Tokens per stream (64 streams) for tok/s.")  # fmt: skip
+@click.option("--workers", type=click.IntRange(1, 4096), multiple=True,
+              help="Fleet sizes (repeatable) for the decision time; the largest is also "
+                   "the idle swarm's (RSS, CPU). Default: 1, 16, 64, 256, 1024; 256.")  # fmt: skip
 @out_file_option(help="Write JSON here.")
-def router_bench(runs: int, requests: int, stream_tokens: int, out: str | None) -> None:
+def router_bench(
+    runs: int, requests: int, stream_tokens: int, workers: tuple[int, ...], out: str | None
+) -> None:
     """The router's own cost against a null worker (bench/router_overhead.py)."""
     import json
 
@@ -290,6 +296,8 @@ def router_bench(runs: int, requests: int, stream_tokens: int, out: str | None) 
 
     try:
         cfg = OverheadConfig(requests=requests, stream_tokens=stream_tokens)
+        if workers:  # the fleet sizes asked for; the largest is also the idle swarm
+            cfg = replace(cfg, decision_workers=workers, swarm=max(workers))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     doc = run_all(cfg, runs, progress=lambda line: click.echo(line, err=True))

@@ -168,3 +168,39 @@ def test_a_burst_reusing_the_last_answers_decides_as_asking_every_worker(
         want = FinishTime().choose(r, reference)
         WRITES.n = writes  # the reference wrote only to its own copies
         assert (got.worker_id, got.scores, got.pruned) == (want.worker_id, want.scores, want.pruned)
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> list[WorkerView]:
+    """Up to 160 workers made from a few kinds (so both many ties and many pruned
+    bounds, as a real fleet has): each a copy of one of ``views()``'s workers."""
+    kinds = draw(views())
+    n = draw(st.integers(1, 160))
+    picks = draw(st.lists(st.integers(0, len(kinds) - 1), min_size=n, max_size=n))
+    return [kinds[k].replace(id=f"f{i}") for i, k in enumerate(picks)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(fleets(), requests, st.lists(st.tuples(st.integers(0, 159), st.integers(0, 2)), max_size=8))
+def test_a_large_fleet_decides_as_exhaustive_scoring(
+    fleet: list[WorkerView], req: RouteRequest, changes: list[tuple[int, int]]
+) -> None:
+    """The passes over every worker (exact scores, bounds split by the limit, ties)
+    choose what scoring every worker chooses, decision after decision of a burst in
+    which some workers' views change: busier, holding the prompt's prefix, or idle
+    (then often the best, known only by its bound among many exact scores)."""
+    pruning = FinishTime()
+    for pos, how in [(0, 0), *changes]:
+        i = pos % len(fleet)
+        if how == 0:
+            fleet[i] = fleet[i].replace(queued=(*fleet[i].queued, Load(5, 9)))
+        elif how == 1:
+            fleet[i] = fleet[i].with_cached(256)
+        else:
+            fleet[i] = fleet[i].replace(active=(), queued=())
+        got = pruning.choose(req, fleet)
+        want = FinishTime(prune=False).choose(req, [v.replace() for v in fleet])
+        assert got.worker_id == want.worker_id
+        for w in fleet:
+            if w.id not in got.pruned:
+                assert got.scores[w.id] == want.scores[w.id]
