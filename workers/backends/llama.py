@@ -126,6 +126,11 @@ class LlamaBackend:
         req.slot = seq
         req.sampler = chain
 
+    def live_handle(self, req: Request) -> int:
+        """An active request's sequence: ``begin`` shares a prefix of its cells as it
+        shares a cache entry's (the engine's in-flight prefix sharing)."""
+        return int(req.slot)
+
     def end(self, req: Request) -> int:
         llama_sampling.free_chain(req.sampler)
         req.sampler = None
