@@ -340,7 +340,10 @@ class Engine:
         req.t_first = self.clock()
 
     def _on_token(self, req: Request, token: int) -> None:
-        if self.backend.is_eog(token) and not req.sampling.ignore_eos:
+        # min_tokens: a backend masks end-of-generation tokens until then; one that
+        # does not still has its output continue, as with ignore_eos.
+        s = req.sampling
+        if self.backend.is_eog(token) and not s.ignore_eos and len(req.output) >= s.min_tokens:
             self.finish(req, FinishReason.EOS)
             return
         req.output.append(token)
