@@ -118,3 +118,21 @@ def test_a_burst_sharing_a_prefix_computes_it_once():
     assert stats["r0"].cached_tokens == 0
     assert [stats[f"r{i}"].cached_tokens for i in (1, 2, 3)] == [400, 400, 400]
     assert backend.fed == 420 + 3 * 20  # the prefix once, each request's own tail
+
+
+def test_a_request_waiting_for_a_prefix_goes_on_when_its_leader_is_cancelled():
+    backend = FakeBackend()
+    cfg = EngineConfig(max_active=4, step_tokens=64, block_size=16, step_budget_x=0)
+    out: list = []
+    engine = Engine(backend, cfg, out.append, "w0")
+    shared = list(range(1, 401))
+    engine.submit(Request("lead", shared + [7], SamplingParams(max_tokens=3)))
+    engine.submit(Request("next", shared + [8], SamplingParams(max_tokens=3)))
+    engine.step()
+    assert [r.id for r in engine.queue] == ["next"]  # waits: the prefix is being computed
+    engine.cancel("lead")
+    while engine.queue or engine.active:
+        engine.step()
+    stats = {m.request_id: m.stats for m in out if hasattr(m, "stats")}
+    assert stats["next"].output_tokens == 3
+    assert stats["next"].cached_tokens == 64  # the leader's one chunk, kept by the cache
