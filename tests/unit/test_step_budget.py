@@ -48,10 +48,10 @@ def test_the_chunk_stays_within_the_target_at_its_own_bucket_rate():
                 assert step_s <= factor * m.decode_step_at(2) * (1 + 1e-9)
 
 
-def test_budget_falls_back_to_the_cap_or_the_floor():
-    assert StepModel().prefill_budget(1, 3.0, 256, 16) == 256  # nothing measured yet
+def test_budget_falls_back_to_the_floor_until_measured():
+    assert StepModel().prefill_budget(1, 3.0, 256, 16) == 16  # nothing measured yet
     only_decode = model(rates={})
-    assert only_decode.prefill_budget(1, 3.0, 256, 16) == 256
+    assert only_decode.prefill_budget(1, 3.0, 256, 16) == 16
     slow = model(decode_s=0.001, rates={256: 10.0})  # 2 ms at 10 tok/s: 0 tokens fit
     assert slow.prefill_budget(1, 3.0, 256, 16) == 16
     assert slow.prefill_budget(1, 3.0, 8, 16) == 8  # the floor never beats the cap
@@ -104,27 +104,31 @@ def test_budget_factor_is_validated(x):
         EngineConfig(step_budget_x=x)
 
 
-def test_a_burst_sharing_a_prefix_computes_it_once():
-    backend = FakeBackend()
+def sharing_engine() -> tuple[Engine, FakeBackend, list]:
+    backend, out = FakeBackend(), []
     cfg = EngineConfig(max_active=4, step_tokens=64, block_size=16, step_budget_x=0)
-    out: list = []
-    engine = Engine(backend, cfg, out.append, "w0")
+    return Engine(backend, cfg, out.append, "w0"), backend, out
+
+
+def done_stats(out: list) -> dict:
+    return {m.request_id: m.stats for m in out if hasattr(m, "stats")}
+
+
+def test_a_burst_sharing_a_prefix_computes_it_once():
+    engine, backend, out = sharing_engine()
     shared = list(range(1, 401))
     for i in range(4):  # sent together: none is cached, all share 400 tokens
         engine.submit(Request(f"r{i}", shared + [500 + i] * 20, SamplingParams(max_tokens=3)))
     while engine.queue or engine.active:
         engine.step()
-    stats = {m.request_id: m.stats for m in out if hasattr(m, "stats")}
+    stats = done_stats(out)
     assert stats["r0"].cached_tokens == 0
     assert [stats[f"r{i}"].cached_tokens for i in (1, 2, 3)] == [400, 400, 400]
     assert backend.fed == 420 + 3 * 20  # the prefix once, each request's own tail
 
 
 def test_a_request_waiting_for_a_prefix_goes_on_when_its_leader_is_cancelled():
-    backend = FakeBackend()
-    cfg = EngineConfig(max_active=4, step_tokens=64, block_size=16, step_budget_x=0)
-    out: list = []
-    engine = Engine(backend, cfg, out.append, "w0")
+    engine, backend, out = sharing_engine()
     shared = list(range(1, 401))
     engine.submit(Request("lead", shared + [7], SamplingParams(max_tokens=3)))
     engine.submit(Request("next", shared + [8], SamplingParams(max_tokens=3)))
@@ -133,6 +137,6 @@ def test_a_request_waiting_for_a_prefix_goes_on_when_its_leader_is_cancelled():
     engine.cancel("lead")
     while engine.queue or engine.active:
         engine.step()
-    stats = {m.request_id: m.stats for m in out if hasattr(m, "stats")}
+    stats = done_stats(out)
     assert stats["next"].output_tokens == 3
     assert stats["next"].cached_tokens == 64  # the leader's one chunk, kept by the cache
