@@ -153,18 +153,18 @@ class StepModel:
     def prefill_budget(self, batch: int, factor: float, cap: int, floor: int) -> int:
         """Prompt tokens a step decoding ``batch`` rows may add so that it lasts about
         ``factor`` decode steps: what a decoding stream waits at most for a chunk.
-        ``floor`` while the model cannot say (a first 255-token chunk beside a stream
-        held it 2.7 s on 2 cores); at least ``floor``, at most ``cap``.
+        ``cap`` while the model cannot say, so that the first chunk's rate gets
+        measured (a smaller one beside decode rows may be too small a share of its
+        step for ``StepStats.record`` to split it, and then nothing would ever be
+        measured); at least ``floor``, at most ``cap``.
 
         A chunk is priced at its bucket's measured rate, which in a mixed step is the
         prefill's marginal cost beside the decode rows (``StepStats.record``); the
         largest chunk among each rate's fill of the time left that fits at its own
         rate wins."""
         decode_s = self.decode_step_at(batch)
-        if factor <= 0:
+        if decode_s is None or not self.prefill_chunk or factor <= 0:
             return cap
-        if decode_s is None or not self.prefill_chunk:
-            return min(cap, floor)
         extra_s = (factor - 1.0) * decode_s
         best = 0
         for n in (cap, *(min(cap, int(extra_s * r)) for r in self.prefill_tok_s)):

@@ -48,10 +48,10 @@ def test_the_chunk_stays_within_the_target_at_its_own_bucket_rate():
                 assert step_s <= factor * m.decode_step_at(2) * (1 + 1e-9)
 
 
-def test_budget_falls_back_to_the_floor_until_measured():
-    assert StepModel().prefill_budget(1, 3.0, 256, 16) == 16  # nothing measured yet
+def test_budget_falls_back_to_the_cap_until_measured_and_never_below_the_floor():
+    assert StepModel().prefill_budget(1, 3.0, 256, 16) == 256  # nothing measured yet
     only_decode = model(rates={})
-    assert only_decode.prefill_budget(1, 3.0, 256, 16) == 16
+    assert only_decode.prefill_budget(1, 3.0, 256, 16) == 256
     slow = model(decode_s=0.001, rates={256: 10.0})  # 2 ms at 10 tok/s: 0 tokens fit
     assert slow.prefill_budget(1, 3.0, 256, 16) == 16
     assert slow.prefill_budget(1, 3.0, 8, 16) == 8  # the floor never beats the cap
