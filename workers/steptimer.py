@@ -68,6 +68,7 @@ class StepTimer:
         self._traced = 0
         self._model = StepModel()  # as the chunk budget last read the stats
         self._model_at = -1e300
+        self._model_version = -1  # stats.version the model was built at
         self._caps: dict[int, int] = {}  # decode batch -> prompt tokens a step may add
 
     # ------------------------------------------------------------ timing
@@ -142,10 +143,16 @@ class StepTimer:
 
     def chunk_cap(self, batch: int, factor: float, cap: int, floor: int) -> int:
         """``StepModel.prefill_budget`` of the steps measured so far, the model rebuilt
-        at most every ``MODEL_REFRESH_S`` (building it reads every window)."""
+        at most every ``MODEL_REFRESH_S`` (building it reads every window), and after
+        every new sample while it still lacks decode or prefill rates."""
         now = self.clock()
-        if now - self._model_at >= MODEL_REFRESH_S:
+        m = self._model
+        unknown = not (m.decode_batch and m.prefill_chunk)  # its budget is the token budget
+        if now - self._model_at >= MODEL_REFRESH_S or (
+            unknown and self.stats.version != self._model_version
+        ):
             self._model, self._model_at = self.stats.model(), now
+            self._model_version = self.stats.version
             self._caps.clear()
         tokens = self._caps.get(batch)
         if tokens is None:

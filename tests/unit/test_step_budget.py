@@ -140,3 +140,14 @@ def test_a_request_waiting_for_a_prefix_goes_on_when_its_leader_is_cancelled():
     stats = done_stats(out)
     assert stats["next"].output_tokens == 3
     assert stats["next"].cached_tokens == 64  # the leader's one chunk, kept by the cache
+
+
+def test_a_budget_without_rates_follows_the_first_samples_at_once():
+    from tandem.workers.steptimer import StepTimer
+
+    timer = StepTimer(1.0, 30.0, clock=lambda: 0.0)  # the clock never moves: no refresh due
+    assert timer.chunk_cap(1, 3.0, 256, 8) == 256  # nothing measured: the token budget
+    for _ in range(12):
+        timer.stats.record(1, 100, 0, 0.02)
+        timer.stats.record(0, 0, 16, 16 / 400)
+    assert timer.chunk_cap(1, 3.0, 256, 8) == 16  # rebuilt on the new samples
