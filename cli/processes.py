@@ -194,6 +194,8 @@ def cache_memory_options(f: Any) -> Any:
 @field_option(E, "max_active", "Requests this worker runs at once (the rows of its batch).")
 @field_option(W, "n_ctx", "KV cells, all sequences.")
 @field_option(E, "step_tokens", "Token budget of one batch step (decode first, then prefill).")
+@field_option(E, "step_budget_x", "While requests decode, a step with prompt chunks "
+              "lasts about this many decode steps (live step model); 0: tokens only.")  # fmt: skip
 @field_option(E, "block_size")
 @field_option(E, "cache_tokens", "KV tokens the prefix cache keeps on the device after "
               "requests end [default: sized from the device's memory].", type=int)  # fmt: skip
@@ -245,6 +247,7 @@ def worker(
     max_active: int,
     n_ctx: int,
     step_tokens: int,
+    step_budget_x: float,
     block_size: int,
     cache_tokens: int | None,
     cache_entries: int | None,
@@ -273,6 +276,7 @@ def worker(
         engine = EngineConfig(
             max_active=max_active,
             step_tokens=step_tokens,
+            step_budget_x=step_budget_x,
             block_size=block_size,
             cache_tokens=cache_tokens,
             cache_entries=cache_entries,

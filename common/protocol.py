@@ -183,6 +183,9 @@ class SamplingParams(Struct, frozen=True):
     logprobs: Annotated[int, Meta(ge=0, le=bounds.MAX_LOGPROBS)] | None = None
     # The JSON text of a JSON Schema (an object, or true) the output must match.
     json_schema: SchemaText | None = None
+    # End-of-generation tokens are not sampled before this many output tokens (vLLM's
+    # extension); stop strings still end the output.
+    min_tokens: Annotated[int, Meta(ge=0, le=bounds.MAX_N_CTX)] = 0
 
     def needs(self) -> frozenset[str]:
         """The capabilities a worker needs to serve these parameters (``Capability``)."""
@@ -222,6 +225,9 @@ class SamplingParams(Struct, frozen=True):
         decoding)."""
         if not self.prefill_only and self.max_tokens < 1:
             return Problem.bad_request("max_tokens must be >= 1", "sampling.max_tokens")
+        if self.min_tokens > self.max_tokens and not self.prefill_only:
+            words = f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})"
+            return Problem.bad_request(words, "sampling.min_tokens")
         if max_tokens_limit is not None and self.max_tokens > max_tokens_limit:
             words = f"max_tokens must be <= {max_tokens_limit}"
             return Problem.bad_request(words, "sampling.max_tokens")

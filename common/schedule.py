@@ -15,7 +15,9 @@ The rules:
   A head that does not fit blocks the queue (no overtaking).
 - One step spends ``step_tokens``: every decoding request feeds one token
   first, then the prefilling requests take chunks of what is left, in the
-  order they were admitted.
+  order they were admitted. While requests decode, the chunks also stay within
+  a time budget (``chunk_cap``: ``StepModel.prefill_budget``), so that a
+  decoding stream waits at most one such step for a prompt.
 - A prefill's last chunk also yields its first output token; every decode step
   yields one more; a request ends when it has ``max_tokens`` output tokens.
 """
@@ -67,10 +69,13 @@ def admissible(
     return n_active < max_active and reserved + head_reservation <= n_ctx
 
 
-def plan_step(active: Sequence[R], step_tokens: int) -> StepPlan[R]:
-    """The work of the next step over ``active`` (in admission order)."""
+def plan_step(active: Sequence[R], step_tokens: int, chunk_cap: int | None = None) -> StepPlan[R]:
+    """The work of the next step over ``active`` (in admission order); with decode
+    rows, the prompt tokens it takes are at most ``chunk_cap`` (a time budget)."""
     plan: StepPlan[R] = StepPlan([r for r in active if r.decoding])
     budget = step_tokens - len(plan.decode)
+    if plan.decode and chunk_cap is not None:
+        budget = min(budget, chunk_cap)
     for r in active:
         if budget <= 0:
             break

@@ -125,6 +125,55 @@ class StepModel:
     def empty(self) -> bool:
         return not self.decode_batch and not self.prefill_chunk
 
+    def decode_step_at(self, batch: int) -> float | None:
+        """Seconds of one decode step at ``batch`` rows (at ``context``): the batch's own
+        estimate, else the next larger one measured (a step is no faster with more
+        rows), else the largest measured; None while nothing is."""
+        if not self.decode_batch:
+            return None
+        for b, s in zip(self.decode_batch, self.decode_step_s, strict=True):
+            if b >= batch:
+                return s
+        return self.decode_step_s[-1]
+
+    def prefill_rate_at(self, tokens: int) -> float | None:
+        """Prefill tok/s of a chunk of ``tokens``: the rate of the largest measured
+        bucket up to its own (a longer chunk runs no slower a token, so a smaller
+        bucket's rate is conservative), else the smallest bucket's; None while nothing
+        is measured."""
+        if not self.prefill_chunk:
+            return None
+        bucket = 1 << max(0, tokens - 1).bit_length()
+        rate = self.prefill_tok_s[0]
+        for c, r in zip(self.prefill_chunk, self.prefill_tok_s, strict=True):
+            if c > bucket:
+                break
+            rate = r
+        return rate
+
+    def prefill_budget(self, batch: int, factor: float, cap: int, floor: int) -> int:
+        """Prompt tokens a step decoding ``batch`` rows may add so that it lasts about
+        ``factor`` decode steps: what a decoding stream waits at most for a chunk.
+        ``cap`` while the model cannot say, so that the first chunk's rate gets
+        measured (a smaller one beside decode rows may be too small a share of its
+        step for ``StepStats.record`` to split it, and then nothing would ever be
+        measured); at least ``floor``, at most ``cap``.
+
+        A chunk is priced at its bucket's measured rate, which in a mixed step is the
+        prefill's marginal cost beside the decode rows (``StepStats.record``); the
+        largest chunk among each rate's fill of the time left that fits at its own
+        rate wins."""
+        decode_s = self.decode_step_at(batch)
+        if decode_s is None or not self.prefill_chunk or factor <= 0:
+            return cap
+        extra_s = (factor - 1.0) * decode_s
+        best = 0
+        for n in (cap, *(min(cap, int(extra_s * r)) for r in self.prefill_tok_s)):
+            rate = self.prefill_rate_at(n)
+            if rate is not None and n > best and n <= extra_s * rate * (1 + 1e-9):
+                best = n
+        return min(cap, max(floor, best))
+
     def decode_tok_s(self) -> dict[int, tuple[float, int]]:
         """Aggregate decode tok/s and sample count by batch size (at ``context``)."""
         rows = zip(self.decode_batch, self.decode_step_s, self.decode_samples, strict=True)

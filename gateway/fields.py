@@ -117,6 +117,7 @@ EXTRAS: dict[str, Field] = {
     "min_p": _honoured("[0, 1]: drop tokens below min_p x the top one's; min_p capability", True),
     "repetition_penalty": _honoured("(0, 10], llama.cpp/HF semantics; penalties capability", True),
     "ignore_eos": _honoured("generate through end-of-generation tokens", extra=True),
+    "min_tokens": _honoured("no end-of-generation token before this many tokens", extra=True),
     "worker": _honoured("pin the request to a worker id or device label", extra=True),
 }
 

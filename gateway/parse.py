@@ -4,8 +4,8 @@ Checked by hand rather than by a schema library, so every refusal names its fiel
 in OpenAI's error shape. Every field is honoured, ignored for a documented reason,
 or refused (gateway/fields.py, docs/OPENAI.md): an unknown field is a 400, never
 silently dropped. The sampling fields beyond the basics map in gateway/sampling.py.
-tandem's own extras: ``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``
-and ``worker`` (a worker id or device label to pin the request to).
+tandem's own extras: ``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``,
+``min_tokens`` and ``worker`` (a worker id or device label to pin the request to).
 """
 
 from __future__ import annotations
@@ -166,6 +166,7 @@ def _generation(body: dict, what: dict[str, Any], max_tokens: int, chat: bool) -
         seed=_int(body, "seed", None),
         stop=_stop(body.get("stop")),
         ignore_eos=bool(_bool(body, "ignore_eos")),
+        min_tokens=_int(body, "min_tokens", 0) or 0,
         **sampling_options(body, chat),  # gateway/sampling.py: the fields beyond these
     )
     stream = bool(_bool(body, "stream"))

@@ -157,6 +157,9 @@ class FakeBackend:
         )
         req.slot = self.next_seq
 
+    def live_handle(self, req: Request) -> int:
+        return req.slot
+
     def run(self, decode, prefill):
         self.steps.append(([r.id for r in decode], [(r.id, n) for r, n in prefill]))
         need = len(decode) + sum(n for _, n in prefill)

@@ -38,6 +38,11 @@ class EngineConfig:
 
     max_active: int = 4
     step_tokens: int = 256  # per-step token budget: decode tokens first, then prefill chunks
+    # While requests decode, a step with prompt chunks lasts about this many decode steps
+    # (from the live step model): a stream waits at most that long for another's
+    # prompt. 0: the token budget alone (a 256-token chunk held streams ~2.7 s on 2 cores).
+    step_budget_x: float = 3.0
+    min_chunk_tokens: int = 16  # a time-budgeted chunk is never smaller: prompts progress
     block_size: int = 16
     # Prefix cache budget (KV tokens kept after requests end) on the device; None: a
     # worker sizes it from memory at start (workers/memory.py), a bare engine keeps 4096.
@@ -56,6 +61,10 @@ class EngineConfig:
             raise ValueError("max_active must be >= 1")
         if self.step_tokens < self.max_active:
             raise ValueError("step_tokens must be >= max_active (one decode token each)")
+        if self.step_budget_x != 0 and not 1 < self.step_budget_x <= 1000:
+            raise ValueError("step_budget_x must be 0 (off) or in (1, 1000] decode steps")
+        if self.min_chunk_tokens < 1:
+            raise ValueError("min_chunk_tokens must be >= 1")
         if self.block_size < 1 or self.heartbeat_s <= 0 or self.steps_every_s <= 0:
             raise ValueError("block_size must be >= 1, heartbeat_s and steps_every_s > 0")
         sizes = (self.cache_tokens, self.cache_entries, self.host_cache_tokens)

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from tandem.common import protocol as p
 from tandem.common.protocol import FinishReason
@@ -23,11 +23,12 @@ from tandem.common.schedule import admissible, plan_step, reservation
 from tandem.common.tokenizer import TokenizerSpec
 from tandem.workers.config import EngineConfig
 from tandem.workers.host_cache import make_cache, restored
-from tandem.workers.prefix_cache import Match
+from tandem.workers.prefix_cache import Entry, Match
 from tandem.workers.request import (
     Request,
     Status,
     decode_context,
+    prefix_leader,
     sampling_problem,
     wire_logprob,
 )
@@ -139,7 +140,7 @@ class Engine:
     def step(self) -> None:
         """Admit -> build batch -> run -> sample -> emit."""
         self.admit()
-        plan = plan_step(self.active, self.cfg.step_tokens)
+        plan = plan_step(self.active, self.cfg.step_tokens, self._chunk_cap())
         if not plan:
             return
         decode, prefill = plan.decode, plan.prefill
@@ -160,6 +161,15 @@ class Engine:
                 self._on_token(r, token)
         if not (self.queue or self.active):  # idle next: the step ends here
             self.timer.stop()
+
+    def _chunk_cap(self) -> int | None:
+        """Prompt tokens a step beside the current decode rows may take (the time
+        budget, ``EngineConfig.step_budget_x``); None: no decode rows or no budget."""
+        batch = sum(1 for r in self.active if r.decoding)
+        if batch == 0 or not self.cfg.step_budget_x:
+            return None
+        c = self.cfg
+        return self.timer.chunk_cap(batch, c.step_budget_x, c.step_tokens, c.min_chunk_tokens)
 
     # ------------------------------------------------------------ messages
     def handle(self, msg: p.Message) -> None:
@@ -226,22 +236,45 @@ class Engine:
 
     def admit(self) -> None:
         while self.queue and self.can_admit(self.queue[0]):
-            req = self.queue.popleft()
+            req = self.queue[0]
             hit = self.cache.match(req.prompt)
-            if hit.entry is not None:
+            joined = self._join(req, hit.n_tokens)
+            if joined is False:
+                break  # the head waits for the prefix an active request is computing
+            self.queue.popleft()
+            if joined is not None:
+                hit = joined
+            elif hit.entry is not None:
                 self.cache.pin(hit.entry)
             try:
                 with self.timer.per_request():
                     match = restored(self.cache, self.backend, hit)  # from host RAM, if there
                     self.backend.begin(req, match)
             finally:
-                if hit.entry is not None:
+                if hit.entry is not None and joined is None:
                     self.cache.unpin(hit.entry)
             req.n_cached = req.n_computed = match.n_tokens
             req.status = Status.PREFILL
             req.t_admit = self.clock()
             self.active.append(req)
             self._changed = True
+
+    def _join(self, req: Request, cached: int) -> Match | Literal[False] | None:
+        """In-flight prefix sharing: when an active request's prompt shares more of
+        ``req``'s than the cache holds, ``req`` starts from that request's KV (a Match
+        on its live handle) once it is computed, and waits (False) while it is being
+        computed, so that a burst sharing a prefix computes it once. None: no such
+        request, or a backend that cannot share a live request's KV."""
+        live_handle = getattr(self.backend, "live_handle", None)
+        if live_handle is None:
+            return None
+        lead = prefix_leader(self.active, req, cached, self.cfg.block_size)
+        if lead is None:
+            return None
+        leader, n = lead
+        if leader.n_computed < n:
+            return False
+        return Match(Entry(-1, [], [], live_handle(leader)), n)
 
     def finish(self, req: Request, reason: FinishReason | None, notify: bool = True) -> None:
         """End ``req``; ``reason`` None: it failed (an Error was sent, its KV is dropped)."""
@@ -307,7 +340,10 @@ class Engine:
         req.t_first = self.clock()
 
     def _on_token(self, req: Request, token: int) -> None:
-        if self.backend.is_eog(token) and not req.sampling.ignore_eos:
+        # min_tokens: a backend masks end-of-generation tokens until then; one that
+        # does not still has its output continue, as with ignore_eos.
+        s = req.sampling
+        if self.backend.is_eog(token) and not s.ignore_eos and len(req.output) >= s.min_tokens:
             self.finish(req, FinishReason.EOS)
             return
         req.output.append(token)

@@ -200,3 +200,28 @@ def decode_context(decode: list[Request]) -> int:
     """The KV tokens a step's decode rows attend over, summed: the context the engine's
     step timer records with the step (decode slows as it grows)."""
     return sum(r.n_computed + r.n_fed for r in decode)
+
+
+def shared_prefix(a: list[int], b: list[int], block: int, limit: int) -> int:
+    """Tokens at the start of ``a`` and ``b`` alike, in whole blocks, at most ``limit``
+    (slices compare a block at a time in C)."""
+    n = 0
+    while n + block <= limit and a[n : n + block] == b[n : n + block]:
+        n += block
+    return n
+
+
+def prefix_leader(
+    active: list[Request], req: Request, cached: int, block: int
+) -> tuple[Request, int] | None:
+    """The active request whose prompt shares the longest block-aligned prefix with
+    ``req``'s, longer than the ``cached`` tokens the prefix cache has, and that
+    length; None if none does. Like a cache match it leaves ``req`` a prompt token
+    to compute (its logits start the output)."""
+    limit = len(req.prompt) - 1
+    best: tuple[Request, int] | None = None
+    for r in active:
+        n = shared_prefix(r.prompt, req.prompt, block, min(limit, len(r.prompt)))
+        if n > cached and (best is None or n > best[1]):
+            best = (r, n)
+    return best

@@ -37,13 +37,14 @@ from pathlib import Path
 from typing import TextIO
 
 from tandem.common import protocol as p
-from tandem.common.steptime import StepStats
+from tandem.common.steptime import StepModel, StepStats
 
 log = logging.getLogger(__name__)
 
 MOVED = 0.2  # an estimate this far (relative) from the one the router holds is news
 MOVE_CHECK_S = 0.25  # the moved check runs at most this often (it reads every window)
 TRACE_MAX_STEPS = 1_000_000  # a trace stops there (~40 MB)
+MODEL_REFRESH_S = 0.5  # a chunk budget follows the step model this often
 TRACE_HEADER = "start_s,batch,context_tokens,prefill_tokens,seconds,excluded_s\n"
 
 
@@ -65,6 +66,10 @@ class StepTimer:
         self._checked_at = -1e300  # when the moved check last ran
         self._trace: TextIO | None = None
         self._traced = 0
+        self._model = StepModel()  # as the chunk budget last read the stats
+        self._model_at = -1e300
+        self._model_version = -1  # stats.version the model was built at
+        self._caps: dict[int, int] = {}  # decode batch -> prompt tokens a step may add
 
     # ------------------------------------------------------------ timing
     def start(self, batch: int, context_tokens: int, prefill_tokens: int) -> None:
@@ -132,8 +137,27 @@ class StepTimer:
     def adopt(self, stats: StepStats) -> None:
         """Start from steps measured elsewhere in this process (the warm-up's)."""
         self.stats = stats
+        self._model_at = -1e300
         self._sent = None
         self._sent_steps = {}
+
+    def chunk_cap(self, batch: int, factor: float, cap: int, floor: int) -> int:
+        """``StepModel.prefill_budget`` of the steps measured so far, the model rebuilt
+        at most every ``MODEL_REFRESH_S`` (building it reads every window), and after
+        every new sample while it still lacks decode or prefill rates."""
+        now = self.clock()
+        m = self._model
+        unknown = not (m.decode_batch and m.prefill_chunk)  # its budget is the token budget
+        if now - self._model_at >= MODEL_REFRESH_S or (
+            unknown and self.stats.version != self._model_version
+        ):
+            self._model, self._model_at = self.stats.model(), now
+            self._model_version = self.stats.version
+            self._caps.clear()
+        tokens = self._caps.get(batch)
+        if tokens is None:
+            tokens = self._caps[batch] = self._model.prefill_budget(batch, factor, cap, floor)
+        return tokens
 
     # ------------------------------------------------------------ reporting
     def forget_sent(self) -> None:

@@ -375,3 +375,17 @@ def test_warm_up_leaves_no_state_behind(tiny) -> None:
     warmed.assert_released()
     prompt = prompts()[3]
     assert warmed.run(greedy("a", prompt, 8)) == Harness(tiny).run(greedy("a", prompt, 8))
+
+
+def test_min_tokens_masks_the_end_of_generation_until_then(tiny):
+    h = Harness(tiny)
+    eos = sorted(h.backend._eog)[0]
+    pushed = {eos: 100.0}  # without min_tokens the first token is the end
+    prompt = prompts()[0]
+    h.run(Request("free", prompt, SamplingParams(max_tokens=20, logit_bias=pushed)))
+    assert h.done("free").stats.output_tokens == 0
+    sp = SamplingParams(max_tokens=20, logit_bias=pushed, min_tokens=5)
+    got = h.run(Request("held", prompt, sp))["held"]
+    assert len(got) == 5 and eos not in got  # decode passes and the prefill's token alike
+    assert h.done("held").finish_reason is p.FinishReason.EOS
+    h.assert_released()

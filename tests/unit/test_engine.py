@@ -48,7 +48,7 @@ def done(out):
 def test_fifo_admission_respects_the_cap():
     e, _, _ = make(max_active=2)
     for i in range(4):
-        e.submit(req(f"r{i}"))
+        e.submit(req(f"r{i}", start=1 + 10 * i))  # no shared prefix: none waits for another
     e.admit()
     assert [r.id for r in e.active] == ["r0", "r1"]
     assert [r.id for r in e.queue] == ["r2", "r3"]

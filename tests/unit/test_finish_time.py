@@ -54,7 +54,11 @@ def test_decode_segments_shrink_the_batch_at_each_end():
 
 def _twin(max_active: int, step_tokens: int, device: SimProfile = GPU) -> tuple[World, TwinWorker]:
     world = World()
-    cfg = EngineConfig(max_active=max_active, step_tokens=step_tokens, cache_tokens=0)
+    # The predictor plans by the token budget; the worker's time budget (step_budget_x)
+    # sizes chunks from its own live step model, which the router does not replay.
+    cfg = EngineConfig(
+        max_active=max_active, step_tokens=step_tokens, cache_tokens=0, step_budget_x=0
+    )
     return world, TwinWorker(world, "w", device, cfg, lambda wid, msgs: None, NO_DELAY)
 
 

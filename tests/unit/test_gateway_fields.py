@@ -55,6 +55,7 @@ EXAMPLES: dict[str, Any] = {
     "min_p": 0.1,
     "repetition_penalty": 1.2,
     "ignore_eos": True,
+    "min_tokens": 3,
     "worker": "w0",
     # ignored
     "user": "u1",

@@ -47,7 +47,11 @@ def test_finishes_equal_what_the_engine_does_with_requests_arriving_later(seed):
     rng = random.Random(seed)
     max_active, step_tokens = rng.choice([1, 3, 8]), rng.choice([16, 64, 256])
     step_tokens = max(step_tokens, max_active)
-    cfg = EngineConfig(max_active=max_active, step_tokens=step_tokens, cache_tokens=0)
+    # Plans by the token budget: the worker's time budget (step_budget_x) follows its own
+    # live step model, which the router does not replay.
+    cfg = EngineConfig(
+        max_active=max_active, step_tokens=step_tokens, cache_tokens=0, step_budget_x=0
+    )
     w = TwinWorker(World(), "w", GPU, cfg, lambda wid, msgs: None, NO_DELAY)
     for i in range(rng.randint(0, 10)):
         sampling = SamplingParams(max_tokens=rng.randint(1, 60), ignore_eos=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import llama_cpp as L
+import numpy as np
 
 from tandem.common.gguf_file import weights_digest
 from tandem.common.tokenizer import TokenizerSpec, tokenizer_spec_from_gguf
@@ -114,6 +115,7 @@ class LlamaBackend:
         self.threads = threads
         self.tokenizer_spec: TokenizerSpec = tokenizer_spec_from_gguf(self.model_path)
         self._pieces: dict[int, bytes] = {}
+        self._eog: np.ndarray | None = None  # end-of-generation ids, found on first need
 
     # ------------------------------------------------------------ slots
     def begin(self, req: Request, match: Match) -> None:
@@ -125,6 +127,11 @@ class LlamaBackend:
             L.llama_memory_seq_cp(self.mem, match.entry.handle, seq, 0, match.n_tokens)
         req.slot = seq
         req.sampler = chain
+
+    def live_handle(self, req: Request) -> int:
+        """An active request's sequence: ``begin`` shares a prefix of its cells as it
+        shares a cache entry's (the engine's in-flight prefix sharing)."""
+        return int(req.slot)
 
     def end(self, req: Request) -> int:
         llama_sampling.free_chain(req.sampler)
@@ -163,7 +170,18 @@ class LlamaBackend:
             raise KVFull()
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with {rc}")
+        for r, i in rows:
+            if len(r.output) < r.sampling.min_tokens:
+                self._forbid_eog(i)
         return {r.id: llama_sampling.sample(r, self.ctx, i, self.vocab_size) for r, i in rows}
+
+    def _forbid_eog(self, index: int) -> None:
+        """min_tokens: no end-of-generation token from batch row ``index`` (its logits
+        are what the sampler chain reads)."""
+        if self._eog is None:
+            self._eog = np.array([t for t in range(self.vocab_size) if self.is_eog(t)], int)
+        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, index), (self.vocab_size,))
+        logits[self._eog] = -np.inf
 
     def _put(self, n: int, token: int, pos: int, seq: int, logits: bool) -> int:
         if n >= self.batch_cap:

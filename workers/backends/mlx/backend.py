@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models import llama, qwen2
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
@@ -284,7 +285,19 @@ class MlxBackend:
         for s in rows:
             s.n_tokens += 1
         self.decode_passes += 1
+        logits = self._forbid_eog(logits, [s.n_tokens - len(s.req.prompt) for s in rows], rows)
         return _Pending(*sample(logits, [s.sampler for s in rows]))
+
+    def _forbid_eog(self, logits: mx.array, index: list[int], rows: list[_Slot]) -> mx.array:
+        """min_tokens: no end-of-generation token in a row whose output token ``index``
+        (0: the first) comes before its request's ``min_tokens``."""
+        early = [i for i, (n, s) in enumerate(zip(index, rows, strict=True))
+                 if n < s.req.sampling.min_tokens]  # fmt: skip
+        if not early or not self._eog:
+            return logits
+        mask = np.zeros(logits.shape, np.float32)
+        mask[np.ix_(early, sorted(self._eog))] = -np.inf
+        return logits + mx.array(mask)
 
     def _drop_pending(self) -> None:
         if self._pending is not None:
@@ -319,7 +332,8 @@ class MlxBackend:
         if start + n < len(req.prompt) or req.prefill_only:
             self.model(ids, cache=slot.cache)  # KV only: the logits are never evaluated
             return None, None
-        token, (state,), lps = sample(self._last_logits(ids, slot.cache), [slot.sampler])
+        logits = self._forbid_eog(self._last_logits(ids, slot.cache), [0], [slot])
+        token, (state,), lps = sample(logits, [slot.sampler])
         slot.sampler.state = state
         return token, lps
 
