@@ -32,7 +32,7 @@ class RouterConfig:
     # frame (a worker that answers fast: one frame to the client, not two); 0: at once.
     accept_hold_ms: float = 2.0
     # The most the loop polls without sleeping after a turn, adapted to the traffic
-    # (broker/spin.py): a sleeping thread can wake 1-2 ms late on a VM; 0: never poll.
+    # (broker/spin.py): a sleeping thread can wake late on a VM; 0: never poll.
     spin_us: float = 2000.0
     # Connections one peer address may hold on each socket (common/peerlimit.py).
     max_connections_per_address: int = MAX_PER_ADDRESS

@@ -41,11 +41,11 @@ log = logging.getLogger(__name__)
 
 # With nothing in flight, worker frames (heartbeats, mostly repeats) wait this long to
 # be read together; a client still wakes the router at once, and its first turn reads
-# every waiting worker frame before it routes. 256 idle workers: 4.3-4.5 % of a core at
-# 20 ms, 2.9-3.1 % at 100, 2.7 % at 200 (docs/results/router-overhead.md).
+# every waiting worker frame before it routes. An idle fleet's CPU falls with the wait
+# and flattens by here (docs/results/router-overhead.md).
 IDLE_GATHER_MS = 200
-# Client bytes read per turn: decoding a 1 MiB Submit takes ~1.5 ms, and 16 of them
-# read in one turn held every stream's tokens for ~25 ms (docs/results/reliability.md).
+# Client bytes read per turn: a turn that read every waiting large Submit held every
+# stream's tokens for all their decoding (docs/results/reliability.md).
 CLIENT_TURN_BYTES = 1 << 20
 
 

@@ -97,7 +97,7 @@ class CoreState:
         # ``settle`` (most passes find both empty: no call then).
         self.accepts: dict[str, tuple[ClientRequest, p.Accepted, float]] = {}
         # Metrics hooks run after the frames they count have left (``settle``): at low
-        # load they took ~45 us per request on the way to the worker and back.
+        # load they otherwise sat between a request and its worker, both ways.
         self.settling: list[tuple[Any, tuple[Any, ...]]] = []
         self._expiry_at: float = 0.0  # when the next liveness walk is due (membership.tick)
         self._spec_asked_at: float = -math.inf  # when a worker was last asked for the tokenizer

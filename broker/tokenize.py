@@ -27,9 +27,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from tandem.broker.admission import prompt_chars, prompt_units
 from tandem.broker.requests import ClientRequest, PromptTokenizer, prompt_tokens
 
-# Measured on the 2-core dev VM (SmolLM2's tokenizer, English text): 1 Ki characters
-# take ~0.4 ms inline and as long through the pool (hand-off included); 4 Ki 2.0 ms
-# inline against 1.6; 16 Ki 15 against 8.7. Below 1 Ki the loop's cost is small.
+# Below about 1 Ki characters a prompt costs the loop less inline than the pool's
+# hand-off; above, the pool wins more the longer it is (docs/results/reliability.md).
 OFF_LOOP_CHARS = 1024
 # One thread per two cores: the loop keeps a core (on 2 cores, two tokenizing threads
 # stalled a stream up to 0.2 s); the threads run at a lower priority, for the same reason.

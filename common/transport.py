@@ -163,7 +163,7 @@ class RouterSocket:
 
     def waiting(self) -> bool:
         """Whether a message waits to be read (the socket's ZMQ_EVENTS): a read that
-        finds nothing raises zmq.Again, which costs ~4x this
+        finds nothing raises zmq.Again, which costs several times this
         (docs/results/router-overhead.md)."""
         return bool(self.sock.get(_EVENTS) & _POLLIN)
 

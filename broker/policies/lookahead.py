@@ -151,9 +151,9 @@ class Lookahead:
     CANDIDATES = 2  # the best finish_time candidates whose rollouts are compared
     POOL = 4  # the workers the expected arrivals may go to (the best by finish_time)
     MAX_EXPECTED = 8  # arrivals rolled out per decision
-    # A rollout costs ~3 ms of router CPU (2-16 workers, python -m
-    # tandem.bench.decision_cost): past this many arrivals in the last second the
-    # router decides as finish_time does, so rollouts take at most ~10 % of a core.
+    # Rollouts are the costliest decisions the router makes (docs/ROUTING.md, "decision
+    # cost"): past this many arrivals in the last second it decides as finish_time
+    # does, so rollouts take a bounded share of a core.
     MAX_PER_S = 32
 
     def __init__(self) -> None:
@@ -168,7 +168,7 @@ class Lookahead:
             return base  # more than MAX_PER_S arrivals in the last second
         scores = base.scores
         # finish_time's order (tie_break's key), the best POOL only: not a sort of all,
-        # and the key (a tuple per worker: ~1 us each) only for the workers whose
+        # and the key (a Python tuple per worker) only for the workers whose
         # score is within the POOL least (found comparing floats in C).
         near = workers
         cut = heapq.nsmallest(self.POOL, scores.values())[-1]
