@@ -281,10 +281,24 @@ def twin_oracle(result: str, budget: int, served_from: str, out_dir: str | None)
 @click.option("--requests", type=int, default=4000, show_default=True, help="For req/s.")
 @click.option("--stream-tokens", type=int, default=2000, show_default=True,
               help="Tokens per stream (64 streams) for tok/s.")  # fmt: skip
+@click.option("--workers", "fleet", multiple=True, type=click.IntRange(1, 4096),
+              help="Instead: one router in front of N live null workers, per N "
+                   "(bench/router_fleet.py: req/s, decisions, CPU, RSS, status).")  # fmt: skip
 @out_file_option(help="Write JSON here.")
-def router_bench(runs: int, requests: int, stream_tokens: int, out: str | None) -> None:
+def router_bench(
+    runs: int, requests: int, stream_tokens: int, fleet: tuple[int, ...], out: str | None
+) -> None:
     """The router's own cost against a null worker (bench/router_overhead.py)."""
     import json
+
+    if fleet:
+        from tandem.bench.router_fleet import run_fleet
+
+        doc = run_fleet(list(fleet), runs, requests, lambda line: click.echo(line, err=True))
+        if out:
+            Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+        click.echo(json.dumps(doc["summary"], indent=1))
+        return
 
     from tandem.bench.router_overhead import OverheadConfig, run_all
 
