@@ -20,19 +20,24 @@ from typing import Any
 from tandem.broker.registry import WorkerState
 from tandem.common import protocol as p
 
+_Kept = tuple[tuple[object, ...], tuple[object, ...], dict[str, Any]]
+
 
 class StatusRows:
     """Rows by worker, at most one per registered worker (``rows`` drops the rest)."""
 
     def __init__(self) -> None:
         # id -> ((the worker, live, its info, its prices), what its heartbeat showed, row)
-        self._kept: dict[str, tuple[tuple[object, ...], tuple[object, ...], dict[str, Any]]] = {}
+        self._kept: dict[str, _Kept] = {}
 
     def rows(self, workers: list[WorkerState], live: bool, now: float) -> list[dict[str, Any]]:
         """``[w.describe(live, now) for w in workers]``, reusing unchanged rows."""
-        kept, fresh, out = self._kept, {}, []
+        kept: dict[str, _Kept] = self._kept
+        fresh: dict[str, _Kept] = {}
+        out = []
         for w in workers:
-            made, shown = (w, live, w.info, w.rates(live)), _shown(w.heartbeat)
+            made: tuple[object, ...] = (w, live, w.info, w.rates(live))
+            shown = _shown(w.heartbeat)
             got = kept.get(w.id)
             if got is not None and all(map(is_, got[0], made)) and got[1] == shown:
                 row = got[2]  # written in place: a reply is encoded as it is made
