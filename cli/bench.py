@@ -296,7 +296,10 @@ def router_bench(
 
         doc = run_fleet(list(fleet), runs, requests, lambda line: click.echo(line, err=True))
         if out:
+            from tandem.bench.router_fleet import plot_fleet
+
             Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+            plot_fleet({"router": doc["summary"]}, str(Path(out).with_suffix(".png")))
         click.echo(json.dumps(doc["summary"], indent=1))
         return
 
