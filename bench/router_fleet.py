@@ -198,7 +198,7 @@ def _rounded(d: dict[str, float]) -> dict[str, float]:
 
 
 def plot_fleet(curves: dict[str, dict[int, dict[str, float]]], path: str) -> None:
-    """Routed req/s per router core-second and decision p99 by fleet size, one line
+    """Routed req per router CPU-second and ``status`` time by fleet size, one line
     per curve (``{label: summary}``, a summary as ``run_fleet`` gives it)."""
     import matplotlib
 
@@ -210,9 +210,9 @@ def plot_fleet(curves: dict[str, dict[int, dict[str, float]]], path: str) -> Non
         sizes = sorted(int(n) for n in summary)
         rows = [summary[n] for n in sizes]
         left.plot(sizes, [r["req_per_cpu_s"] for r in rows], marker="o", label=label)
-        right.plot(sizes, [r["decision_p99_ms"] for r in rows], marker="o", label=label)
+        right.plot(sizes, [r["status_ms"] for r in rows], marker="o", label=label)
     left.set(xscale="log", xlabel="live workers", ylabel="routed req per router CPU-s")
-    right.set(xscale="log", yscale="log", xlabel="live workers", ylabel="decision p99 (ms)")
+    right.set(xscale="log", yscale="log", xlabel="live workers", ylabel="status reply (ms)")
     left.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=80)
