@@ -7,7 +7,7 @@ exhaustive reference (every candidate's finish predicted from scratch, then
 ``tie_break``). Mean E2E and TTFT side by side; identical choices give identical
 numbers (the twin is deterministic).
 
-    python -m tandem.bench.fleet_twin [--trace FILE.jsonl] [SIZES...]
+    python -m tandem.twin.fleet [--trace FILE.jsonl] [SIZES...]
 
 (the trace cases take a request trace in bench/trace.py's format, e.g. the
 Mooncake synthetic trace; without one, only the bursts run).
