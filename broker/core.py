@@ -57,7 +57,8 @@ class RouterCore(Membership, Routing):
             reply(identity, p.Error(p.BAD_REQUEST, f"clients may not send {msg.TYPE!r}"))
 
     def status(self, now: float) -> p.StatusReply:
-        rows = self.status_rows.rows(self.workers.values(), self.cfg.calibrate, now)
+        ordered = sorted(self.workers.values(), key=lambda w: w.id)
+        rows = self.status_rows.rows(ordered, self.cfg.calibrate, now)
         return p.StatusReply(
             self.policy.name, rows, len(self.requests), len(self.pending), self.metrics.activity(),
             starting=self.starting.rows(now, self.workers),

@@ -21,7 +21,7 @@ from tandem.broker.arrivals import ArrivalLog
 from tandem.broker.calibration import Calibration
 from tandem.broker.config import RouterConfig
 from tandem.broker.identity import RequestIds
-from tandem.broker.ledger import StatusRows, ViewCache
+from tandem.broker.ledger import ViewCache
 from tandem.broker.liveness import Liveness
 from tandem.broker.metrics import RouterMetrics
 from tandem.broker.outgoing import Outgoing
@@ -30,6 +30,7 @@ from tandem.broker.registry import Claims, WorkerState
 from tandem.broker.relay import Pending, TokenOutbox
 from tandem.broker.requests import ClientRequest, PendingQueue, PromptTokenizer
 from tandem.broker.starting import StartingList
+from tandem.broker.statusrows import StatusRows
 from tandem.broker.tokenize import Inline, Tokenizing
 from tandem.common import protocol as p
 from tandem.common.refusals import RefusalLog
@@ -79,7 +80,7 @@ class CoreState:
             lambda: (len(self.workers), len(self.requests), len(self.pending))
         )
         self.views = ViewCache(self.calibration)
-        self.status_rows = StatusRows(self.calibration)
+        self.status_rows = StatusRows()  # status rows kept while their worker is unchanged
         self.outbox = TokenOutbox()
         self.refusals = RefusalLog(log)  # refused frames and handling failures, rate-limited
         # Large prompts tokenized beside the loop (its thread pool is the driver's);

@@ -8,7 +8,6 @@ joins results. The work itself lives in ``bench/``; this module maps options ont
 from __future__ import annotations
 
 import shlex
-from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -282,22 +281,32 @@ def twin_oracle(result: str, budget: int, served_from: str, out_dir: str | None)
 @click.option("--requests", type=int, default=4000, show_default=True, help="For req/s.")
 @click.option("--stream-tokens", type=int, default=2000, show_default=True,
               help="Tokens per stream (64 streams) for tok/s.")  # fmt: skip
-@click.option("--workers", type=click.IntRange(1, 4096), multiple=True,
-              help="Fleet sizes (repeatable) for the decision time; the largest is also "
-                   "the idle swarm's (RSS, CPU). Default: 1, 16, 64, 256, 1024; 256.")  # fmt: skip
+@click.option("--workers", "fleet", multiple=True, type=click.IntRange(1, 4096),
+              help="Instead: one router in front of N live null workers, per N "
+                   "(bench/router_fleet.py: req/s, decisions, CPU, RSS, status).")  # fmt: skip
 @out_file_option(help="Write JSON here.")
 def router_bench(
-    runs: int, requests: int, stream_tokens: int, workers: tuple[int, ...], out: str | None
+    runs: int, requests: int, stream_tokens: int, fleet: tuple[int, ...], out: str | None
 ) -> None:
     """The router's own cost against a null worker (bench/router_overhead.py)."""
     import json
+
+    if fleet:
+        from tandem.bench.router_fleet import run_fleet
+
+        doc = run_fleet(list(fleet), runs, requests, lambda line: click.echo(line, err=True))
+        if out:
+            from tandem.bench.router_fleet import plot_fleet
+
+            Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+            plot_fleet({"router": doc["summary"]}, str(Path(out).with_suffix(".png")))
+        click.echo(json.dumps(doc["summary"], indent=1))
+        return
 
     from tandem.bench.router_overhead import OverheadConfig, run_all
 
     try:
         cfg = OverheadConfig(requests=requests, stream_tokens=stream_tokens)
-        if workers:  # the fleet sizes asked for; the largest is also the idle swarm
-            cfg = replace(cfg, decision_workers=workers, swarm=max(workers))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     doc = run_all(cfg, runs, progress=lambda line: click.echo(line, err=True))

@@ -1,40 +1,59 @@
-"""``tandem status``'s rows are kept between calls (broker/ledger.py StatusRows): each
-call's rows equal rows described afresh, through assigns, heartbeats, finishes, the
-clock moving and workers leaving, and no row outlives its worker."""
+"""Status rows reused between queries are the rows ``describe`` makes afresh."""
 
 from __future__ import annotations
 
 import random
+from typing import Any
 
-from tandem.bench.router_state import PREFIXES, _discard, _route, loaded_router
+from tandem.bench.router_state import loaded_router
 from tandem.broker.core import RouterCore
+from tandem.broker.statusrows import StatusRows
 from tandem.common import protocol as p
 
-
-def _fresh(core: RouterCore, now: float) -> list[dict]:
-    live = core.cfg.calibrate
-    return [w.describe(live, now) for w in sorted(core.workers.values(), key=lambda w: w.id)]
+SAME = p.CacheReport(full=False, base=1, seq=1)  # a heartbeat's "no cache changes"
 
 
-def _check(core: RouterCore, now: float) -> None:
+def _fresh(core: RouterCore, now: float) -> list[dict[str, Any]]:
+    ordered = sorted(core.workers.values(), key=lambda w: w.id)
+    return [w.describe(core.cfg.calibrate, now) for w in ordered]
+
+
+def test_kept_rows_match_fresh_ones_as_workers_change() -> None:
+    core = loaded_router(12, random.Random(3))
+    now = 1e6
     assert core.status(now).workers == _fresh(core, now)
+    ws = sorted(core.workers.values(), key=lambda w: w.id)
+    # A heartbeat, a finish, an assign and a removal, each between two queries.
+    w0 = ws[0]
+    core.worker(w0.identity, p.Heartbeat(w0.id, 2, [], [], 0, 8192, SAME), now)
+    assert core.status(now + 1).workers == _fresh(core, now + 1)
+    w1 = ws[1]
+    req = core.requests[next(iter(w1.inflight))]
+    core._forget(w1, req)
+    w1.routed_total += 5
+    assert core.status(now + 2).workers == _fresh(core, now + 2)
+    del core.workers[ws[2].id]
+    rows = core.status(now + 3).workers
+    assert rows == _fresh(core, now + 3) and len(rows) == 11
 
 
-def test_kept_rows_match_fresh_ones_through_every_event() -> None:
-    core = loaded_router(6, random.Random(3))
-    now = max(w.last_seen for w in core.workers.values())
-    _check(core, now)
-    _check(core, now + 2.5)  # only the ages moved
-    req = _route(core, "s1", PREFIXES[0][:100])  # an assign: one worker's ledger grew
-    _discard(core)
-    _check(core, now + 2.6)
-    w = core.workers[req.worker_id or ""]
-    rows = [p.RequestRow(wid, 100, 0, 10, 1) for wid in w.inflight]
-    beat = p.Heartbeat(w.id, 9, rows, [], 0, 8192, p.CacheReport(full=True, seq=2))
-    core.worker(w.identity, beat, now + 3)
-    _check(core, now + 3.1)
-    core.worker(w.identity, p.Goodbye(w.id), now + 3.2)  # gone: its row with it
-    _discard(core)
-    _check(core, now + 3.3)
-    assert w.id not in core.status_rows._rows
-    assert len(core.status_rows._rows) == len(core.workers) == 5
+def test_kept_rows_are_bounded_by_the_workers_asked_about() -> None:
+    core = loaded_router(8, random.Random(4))
+    rows = StatusRows()
+    ws = list(core.workers.values())
+    for k in range(8, 0, -1):
+        rows.rows(ws[:k], True, 1e6)
+        assert len(rows._kept) == k
+
+
+def test_a_heartbeat_saying_the_same_keeps_the_row_one_saying_more_remakes_it() -> None:
+    core = loaded_router(2, random.Random(5))
+    now = 1e6
+    w = sorted(core.workers.values(), key=lambda w: w.id)[0]
+    core.worker(w.identity, p.Heartbeat(w.id, 2, [], [], 0, 8192, SAME), now)
+    first = core.status(now).workers[0]
+    core.worker(w.identity, p.Heartbeat(w.id, 3, [], [], 0, 8192, SAME), now)
+    again = core.status(now).workers[0]
+    assert again == first == _fresh(core, now)[0]
+    core.worker(w.identity, p.Heartbeat(w.id, 4, [], [], 100, 8192, SAME), now)
+    assert core.status(now).workers[0]["kv_used_tokens"] == 100
