@@ -25,13 +25,10 @@ the live loop over inproc sockets (tests/helpers.py) and the core directly.
 from __future__ import annotations
 
 from tandem.broker.admission import prompt_units
+from tandem.broker.membership import Membership
 from tandem.broker.requests import ClientRequest, validate_submit
+from tandem.broker.routing import Routing
 from tandem.common import protocol as p
-
-# Relative: mypy checks broker/ as files, and sees the core's base classes (so the
-# attributes they declare) only through an import it can follow.
-from .membership import Membership
-from .routing import Routing
 
 
 class RouterCore(Membership, Routing):

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -78,14 +77,16 @@ def decision_record(
 class DecisionLog:
     """Appends records to a file, one line each, flushed per line (safe to tail)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, clock: Callable[[], float]) -> None:
+        """``clock``: the writer's calendar time (unix seconds), which stamps records."""
         self._f: IO[str] = open(path, "a", buffering=1)  # noqa: SIM115 - lives with the router
+        self.clock = clock
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one record (built by ``decision_record``), stamped with the time it
         is written at unless it carries one."""
         if "time" not in record:
-            record = {"time": time.time(), **record}
+            record = {"time": self.clock(), **record}
         self._f.write(json.dumps(record) + "\n")
 
     def close(self) -> None:

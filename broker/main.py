@@ -7,6 +7,7 @@ import signal
 import threading
 
 import zmq
+from prometheus_client import CollectorRegistry, disable_created_metrics, start_http_server
 
 from tandem.broker.router import Router, RouterConfig
 from tandem.common.affinity import pin
@@ -34,9 +35,20 @@ def run_router(cfg: RouterConfig, stop: threading.Event | None = None) -> int:
         return 1
     if cfg.metrics_port is not None:
         try:
-            router.core.metrics.serve(cfg.metrics_port, cfg.metrics_host)
+            serve_metrics(router.core.metrics.registry, cfg.metrics_port, cfg.metrics_host)
         except OSError as exc:
             log.error("cannot serve metrics on port %d: %s", cfg.metrics_port, exc)
             return 1
     router.serve(stop)
     return 0
+
+
+def serve_metrics(registry: CollectorRegistry, port: int, host: str) -> int:
+    """Serve /metrics on ``host:port`` from a daemon thread (the process's, not the
+    core's: it reads the registry at scrape time); returns the bound port."""
+    # The *_created series only repeat the process start time; vLLM drops them too.
+    disable_created_metrics()
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    bound = int(server.server_port)
+    log.info("router: metrics on http://%s:%d/metrics", host, bound)
+    return bound

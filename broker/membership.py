@@ -14,12 +14,12 @@ from itertools import repeat
 from tandem.broker.identity import foreign_frame, takeover_problem
 from tandem.broker.peerbounds import cache_limit_blocks, cache_overflow
 from tandem.broker.registry import WorkerState, ready_problem
-from tandem.common import protocol as p
-from tandem.common.tokenizer import TextTokenizer, TokenizerSpec
 
 # Relative: mypy checks broker/ as files, and sees the core's base classes (so the
 # attributes they declare) only through an import it can follow.
-from .state import CoreState, log
+from tandem.broker.state import CoreState, log
+from tandem.common import protocol as p
+from tandem.common.tokenizer import TextTokenizer, TokenizerSpec
 
 EXPIRE_EVERY_S = 0.1  # liveness is checked at most this often (it walks every worker)
 SPEC_ASK_EVERY_S = 1.0  # a fresh router asks one worker per second for the tokenizer spec

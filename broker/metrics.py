@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -33,8 +32,6 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    disable_created_metrics,
-    start_http_server,
 )
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
@@ -58,9 +55,16 @@ RECENT_DECISIONS = 32  # how many the status reply carries for `tandem top`
 class RouterMetrics:
     """Every series the router exports, plus totals and recent decisions for status."""
 
-    def __init__(self, state: Callable[[], tuple[int, int, int]] | None = None) -> None:
+    def __init__(
+        self,
+        state: Callable[[], tuple[int, int, int]] | None = None,
+        wall_clock: Callable[[], float] = lambda: 0.0,
+    ) -> None:
         """``state`` returns (workers, requests in flight, requests pending); it is read
-        at scrape time from the HTTP thread, so it must only take lengths."""
+        at scrape time from the HTTP thread, so it must only take lengths. ``wall_clock``:
+        the driver's calendar time (uptime, when a recent decision was made); the core
+        reads no clock of its own."""
+        self.wall_clock = wall_clock
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = _Counter(
@@ -139,7 +143,7 @@ class RouterMetrics:
         self._worker_gauges(r)
         self._children: dict[str, _WorkerGauges] = {}
         self._state_gauges(r, state)
-        self.started = time.time()
+        self.started = wall_clock()
         self.totals = {"requests_routed": 0, "requests_ended": 0, "tokens_relayed": 0}
         self.recent: deque[tuple[Any, ...]] = deque(maxlen=RECENT_DECISIONS)  # on_decision
 
@@ -231,7 +235,7 @@ class RouterMetrics:
         self.totals["requests_routed"] += 1
         score = decision.scores.get(decision.worker_id)
         # Kept as a tuple, made the status reply's dict when read (``activity``).
-        self.recent.append((time.time(), request_id, decision.worker_id, policy, candidates,
+        self.recent.append((self.wall_clock(), request_id, decision.worker_id, policy, candidates,
                             req.prompt_tokens, cached, score, elapsed_s))  # fmt: skip
 
     def on_tokens(self, worker_id: str, n: int) -> None:
@@ -347,18 +351,9 @@ class RouterMetrics:
         """Totals since the router started and recent decisions (the status reply's)."""
         return {
             **self.totals,
-            "uptime_s": round(time.time() - self.started, 3),
+            "uptime_s": round(self.wall_clock() - self.started, 3),
             "recent_decisions": [_decision_row(*d) for d in self.recent],
         }
-
-    def serve(self, port: int, host: str = "127.0.0.1") -> int:
-        """Serve /metrics on ``host:port`` from a daemon thread; returns the bound port."""
-        # The *_created series only repeat the process start time; vLLM drops them too.
-        disable_created_metrics()
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        bound = int(server.server_port)
-        log.info("router: metrics on http://%s:%d/metrics", host, bound)
-        return bound
 
 
 def _label_sets(g: Gauge) -> list[tuple[str, ...]]:

@@ -10,7 +10,6 @@ therefore do not all see the same stale state.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,7 +72,7 @@ class Routed:
 class WorkerState:
     identity: bytes
     info: p.Ready
-    last_seen: float = field(default_factory=time.monotonic)
+    last_seen: float = 0.0  # the router's clock at its last heartbeat (the driver's time)
     heartbeat: p.Heartbeat | None = None
     cache: CacheView = field(default_factory=CacheView)
     inflight: dict[str, Routed] = field(default_factory=dict)  # by worker-side id
@@ -273,10 +272,9 @@ class WorkerState:
             and max_tokens <= self.info.max_tokens_limit
         )
 
-    def describe(self, live: bool = True, now: float | None = None) -> dict[str, Any]:
+    def describe(self, live: bool, now: float) -> dict[str, Any]:
         """One row of `tandem status`: the profile, the live model, what routing prices
-        (``now``: the router's clock; None reads the monotonic clock)."""
-        now = time.monotonic() if now is None else now
+        (``now``: the router's clock, as its driver passes it)."""
         hb = self.heartbeat
         rates = self.rates(live)
         return {

@@ -69,9 +69,10 @@ class Router:
         self._monitor = monitor_socket(self.worker_sock.sock, TRACKED)
         self._client_monitor = monitor_socket(self.client_sock.sock, TRACKED)
         self.tokenizing = Tokenizing()  # large prompts, tokenized beside the loop
-        self.core = RouterCore(cfg, offload=self.tokenizing)
+        self.core = RouterCore(cfg, offload=self.tokenizing, cost_clock=time.perf_counter,
+                               wall_clock=time.time)  # fmt: skip
         peers.on_refused = self.core.metrics.on_connection_refused
-        self.decisions = DecisionLog(cfg.decision_log) if cfg.decision_log else None
+        self.decisions = DecisionLog(cfg.decision_log, time.time) if cfg.decision_log else None
         self.spin = AdaptiveSpin(cfg.spin_us / 1e6)
 
     # ------------------------------------------------------------ loop

@@ -19,12 +19,12 @@ from tandem.broker.ledger import PromptBlocks
 from tandem.broker.policies import Decision, Forced, NoCandidate, RouteRequest, parse_policy
 from tandem.broker.registry import Routed, WorkerState
 from tandem.broker.requests import ClientRequest, prompt_tokens
-from tandem.common import protocol as p
-from tandem.common.schema_keywords import unenforced
 
 # Relative: mypy checks broker/ as files, and sees the core's base classes (so the
 # attributes they declare) only through an import it can follow.
-from .state import CoreState, log
+from tandem.broker.state import CoreState, log
+from tandem.common import protocol as p
+from tandem.common.schema_keywords import unenforced
 
 
 class Routing(CoreState):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +23,7 @@ from tandem.broker.identity import RequestIds
 from tandem.broker.ledger import ViewCache
 from tandem.broker.liveness import Liveness
 from tandem.broker.metrics import RouterMetrics
+from tandem.broker.offload import Inline, Offload
 from tandem.broker.outgoing import Outgoing
 from tandem.broker.policies import parse_policy
 from tandem.broker.registry import Claims, WorkerState
@@ -31,11 +31,16 @@ from tandem.broker.relay import Pending, TokenOutbox
 from tandem.broker.requests import ClientRequest, PendingQueue, PromptTokenizer
 from tandem.broker.starting import StartingList
 from tandem.broker.statusrows import StatusRows
-from tandem.broker.tokenize import Inline, Tokenizing
 from tandem.common import protocol as p
 from tandem.common.refusals import RefusalLog
 
 log = logging.getLogger("tandem.broker.router")
+
+
+def no_clock() -> float:
+    """The clock of a driver that times nothing (the twin, most tests): always 0. The
+    live loop passes the process's clocks; the core reads none of its own."""
+    return 0.0
 
 
 class CoreState:
@@ -54,9 +59,10 @@ class CoreState:
         cfg: RouterConfig,
         *,
         tokenizer: PromptTokenizer | None = None,
-        offload: Tokenizing | None = None,
+        offload: Offload | None = None,
         epoch: str | None = None,
-        cost_clock: Callable[[], float] = time.perf_counter,
+        cost_clock: Callable[[], float] = no_clock,
+        wall_clock: Callable[[], float] = no_clock,
     ) -> None:
         self.cfg = cfg
         self.policy = parse_policy(cfg.policy)
@@ -77,7 +83,7 @@ class CoreState:
         self.calibration = Calibration(cfg.calibrate, cfg.decode_estimate)
         self.arrivals = ArrivalLog()  # client requests' arrival times (broker/arrivals.py)
         self.metrics = RouterMetrics(
-            lambda: (len(self.workers), len(self.requests), len(self.pending))
+            lambda: (len(self.workers), len(self.requests), len(self.pending)), wall_clock
         )
         self.views = ViewCache(self.calibration)
         self.status_rows = StatusRows()  # status rows kept while their worker is unchanged
@@ -85,7 +91,7 @@ class CoreState:
         self.refusals = RefusalLog(log)  # refused frames and handling failures, rate-limited
         # Large prompts tokenized beside the loop (its thread pool is the driver's);
         # without one, every prompt is tokenized as it is routed.
-        self.tokenizing: Tokenizing | Inline = offload if offload is not None else Inline()
+        self.tokenizing: Offload = offload if offload is not None else Inline()
         # A decision's cost for /metrics, on the CPU's clock: it never decides anything.
         self.cost_clock = cost_clock
         self.out = Outgoing()

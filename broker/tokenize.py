@@ -1,4 +1,5 @@
-"""Large prompts tokenized beside the router's loop, not on it.
+"""Large prompts tokenized beside the router's loop, not on it: the live loop's
+``Offload`` (broker/offload.py; the core owns no thread).
 
 Tokenizing a 1 Mi-character prompt takes ~0.9 s here; on the loop, 16 of them
 stood every stream still for 13.9 s (docs/results/reliability.md). A request whose
@@ -25,6 +26,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from tandem.broker.admission import prompt_chars, prompt_units
+from tandem.broker.offload import Key
 from tandem.broker.requests import ClientRequest, PromptTokenizer, prompt_tokens
 
 # Below about 1 Ki characters a prompt costs the loop less inline than the pool's
@@ -34,7 +36,6 @@ OFF_LOOP_CHARS = 1024
 # stalled a stream up to 0.2 s); the threads run at a lower priority, for the same reason.
 THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
 NICE = 10
-Key = tuple[bytes, str]  # (client identity, request id)
 
 
 def _yield_to_the_loop() -> None:
@@ -45,7 +46,8 @@ def _yield_to_the_loop() -> None:
 
 
 class Tokenizing:
-    """The requests whose prompts are being tokenized off the loop, by key."""
+    """The router loop's ``Offload`` (broker/offload.py): the requests whose prompts are
+    being tokenized off the loop, by key, on a pool of threads the loop owns."""
 
     def __init__(self, threads: int = THREADS, off_loop_chars: int = OFF_LOOP_CHARS) -> None:
         self.off_loop_chars = off_loop_chars
@@ -107,28 +109,3 @@ class Tokenizing:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.wake.close()
         self._waker.close()
-
-
-class Inline:
-    """No tokenizing beside the loop: every prompt is tokenized as it is routed (for a
-    driver without threads, such as the twin or a core pumped by hand)."""
-
-    units = 0
-
-    def wants(self, req: ClientRequest) -> bool:
-        return False
-
-    def start(self, req: ClientRequest, tokenizer: PromptTokenizer) -> None:
-        raise RuntimeError("nothing is tokenized beside the loop")  # wants() said no
-
-    def finished(self) -> Iterator[tuple[ClientRequest, list[int] | BaseException]]:
-        return iter(())
-
-    def cancel(self, key: Key) -> ClientRequest | None:
-        return None
-
-    def __contains__(self, key: object) -> bool:
-        return False
-
-    def __len__(self) -> int:
-        return 0

@@ -281,7 +281,7 @@ def test_the_router_shows_the_tiers_in_status_and_metrics(h):
     assert gauge("cache_tokens", "device") == 3000 and gauge("cache_tokens", "host") == 20_000
     assert gauge("cache_capacity_tokens", "host") == 300_000
     assert gauge("cache_bytes", "device") == 3000 * 23_040
-    row = h.core.workers["a"].describe()
+    row = h.core.workers["a"].describe(True, 0.0)
     assert row["cache_capacity_tokens"] == 5_000_000 and row["host_blocks"] == 0
 
 

@@ -9,6 +9,7 @@ chosen score. Memoized answers (a second decision over the same views) agree too
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from random import Random
 
@@ -126,7 +127,7 @@ def test_a_slow_worker_is_pruned_and_logged_with_its_bound():
 def test_the_decisions_table_marks_a_pruned_score_as_a_bound(tmp_path: Path) -> None:
     fleet, req = _fleet(), RouteRequest(300, 16)
     log_path = tmp_path / "decisions.jsonl"
-    log = DecisionLog(str(log_path))
+    log = DecisionLog(str(log_path), time.time)
     log.write(decision_record("r1", "finish_time", req, fleet, FinishTime().choose(req, fleet)))
     log.close()
     result = CliRunner().invoke(main, ["decisions", str(log_path)])

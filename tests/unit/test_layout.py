@@ -164,6 +164,34 @@ def test_every_backend_name_has_its_class() -> None:
     assert tuple(backends._REGISTRY) == BACKENDS
 
 
+# What the driver owns and the core is handed: time, threads, sockets (STYLE.md 16).
+DRIVERS_ONLY = {"time", "threading", "concurrent", "zmq"}
+
+
+def test_the_router_core_reads_no_clock_owns_no_thread_and_touches_no_socket() -> None:
+    """broker/core.py and every broker module it reaches import none of ``DRIVERS_ONLY``,
+    lazily or not: the live loop (broker/router.py), the twin and the tests hand it the
+    time, the results of its offloaded work and its peers' frames."""
+    mods = _modules()
+    graph = {m: _imports(p, m, set(mods)) for m, p in mods.items()}
+    reached, todo = set(), ["tandem.broker.core"]
+    while todo:
+        m = todo.pop()
+        if m not in reached:
+            reached.add(m)
+            todo += [d for d in graph[m] if d.startswith("tandem.broker")]
+    assert {"tandem.broker.membership", "tandem.broker.routing", "tandem.broker.state"} <= reached
+    found = {}
+    for m in reached:
+        tree = ast.parse(mods[m].read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        hit = {name.split(".")[0] for name in names} & DRIVERS_ONLY
+        if hit:
+            found[m] = sorted(hit)
+    assert not found, found
+
+
 def test_no_import_cycle() -> None:
     mods = _modules()
     graph = {m: _imports(p, m, set(mods)) for m, p in mods.items()}

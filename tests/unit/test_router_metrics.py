@@ -149,7 +149,7 @@ def test_a_workers_node_reaches_status_top_and_its_gauges(h: Harness) -> None:
     assert isinstance(h.recv(sock), p.Welcome)
     h.workers["mac-gpu0"] = sock
     h.heartbeat("mac-gpu0", 1)
-    row = h.core.workers["mac-gpu0"].describe()
+    row = h.core.workers["mac-gpu0"].describe(True, 0.0)
     assert row["node"] == "mac-studio"
     gauge = "tandem_worker_kv_capacity_tokens"
     assert value(h, gauge, worker="mac-gpu0", node="mac-studio") == 8192

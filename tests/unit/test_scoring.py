@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -240,7 +241,7 @@ def test_explain_table_and_bad_state(tmp_path: Path) -> None:
 def test_decision_log_records_and_table(tmp_path: Path) -> None:
     log_path = tmp_path / "decisions.jsonl"
     req, views = state_from_json(ISSUE_STATE)
-    log = DecisionLog(str(log_path))
+    log = DecisionLog(str(log_path), time.time)
     log.write(decision_record("r1", "phase_cost", req, views, PhaseCost().choose(req, views)))
     forced = Forced("cpu").choose(req, views)
     log.write(decision_record("r2", "forced:cpu", req, views, forced, {"note": 1}))

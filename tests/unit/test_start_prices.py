@@ -194,11 +194,11 @@ def test_a_provisional_rate_far_off_the_live_steps_does_not_survive_them() -> No
 
 def test_the_provisional_mark_holds_until_enough_served_steps() -> None:
     w = WorkerState(b"x", ready(True, [50.0] * 4))
-    assert w.provisional and w.describe()["provisional"]
+    assert w.provisional and w.describe(True, 0.0)["provisional"]
     w.update_steps(live({1: 60.0, 2: 100.0}, TRUSTED_STEPS // 2 - 1).to_wire())
     assert w.provisional and w.live_steps == TRUSTED_STEPS - 2
     w.update_steps(live({1: 60.0, 2: 100.0}, TRUSTED_STEPS // 2).to_wire())
-    assert not w.provisional and not w.describe()["provisional"]
+    assert not w.provisional and not w.describe(True, 0.0)["provisional"]
     assert not WorkerState(b"y", ready(False, [50.0] * 4)).provisional
 
 
@@ -227,19 +227,19 @@ def test_status_and_metrics_show_a_provisional_worker_until_its_steps_bear_it_ou
     h.workers["cpu0"] = sock
     gauge = "tandem_worker_provisional"
     h.heartbeat("cpu0", 1)
-    assert h.core.workers["cpu0"].describe()["provisional"]
+    assert h.core.workers["cpu0"].describe(True, 0.0)["provisional"]
     assert h.core.metrics.registry.get_sample_value(gauge, {"worker": "cpu0", "node": ""}) == 1
     h.heartbeat("cpu0", 2, steps=live({1: 60.0}, TRUSTED_STEPS).to_wire())
-    assert not h.core.workers["cpu0"].describe()["provisional"]
+    assert not h.core.workers["cpu0"].describe(True, 0.0)["provisional"]
     assert h.core.metrics.registry.get_sample_value(gauge, {"worker": "cpu0", "node": ""}) == 0
 
 
 def test_tandem_status_stars_a_provisional_worker_and_says_why() -> None:
     from tandem.cli.tables import workers_table
 
-    rows = [WorkerState(b"x", ready(True, [50.0] * 4)).describe()]
+    rows = [WorkerState(b"x", ready(True, [50.0] * 4)).describe(True, 0.0)]
     settled = WorkerState(b"y", p.replace(ready(False, [50.0] * 4), worker_id="cpu1"))
-    text = workers_table(p.StatusReply("phase_cost", [*rows, settled.describe()]))
+    text = workers_table(p.StatusReply("phase_cost", [*rows, settled.describe(True, 0.0)]))
     assert "cpu0*" in text and "cpu1*" not in text
     assert "* cpu0: provisional: priced on start-up rates" in text
     assert "0 served decode steps so far" in text
