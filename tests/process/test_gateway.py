@@ -255,11 +255,12 @@ def test_client_disconnect_mid_stream_frees_the_worker_slot(served):
         assert any(line.startswith(b"data: {") for line in got)
         with served.client() as c:
             assert c.status().workers[0]["inflight"] == 1
+        # Counted before the hang-up: a cancel may land before a scrape taken after it.
+        before = scrape(served.metrics_url)
     finally:
         conn.sock.shutdown(socket.SHUT_RDWR)  # hang up mid-stream
         conn.close()
     # The connection is closed; the router must hear a cancel long before 1000 tokens.
-    before = scrape(served.metrics_url)
     with served.client() as c:
         deadline = time.monotonic() + 30.0
         while time.monotonic() < deadline:

@@ -299,7 +299,7 @@ def test_print_config_shows_the_model_and_the_addresses_in_effect(monkeypatch):
 class _Started:
     """Stands in for the Supervisor and its Screen: records the run, starts nothing."""
 
-    def __init__(self, *args: object) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         pass
 
     def run(self, keys: str | None) -> int:
