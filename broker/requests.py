@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from tandem.broker.arrivals import ages
 from tandem.common import protocol as p
+from tandem.common.validation import submit_problem
 
 MAX_REROUTES = 2  # a request that killed two workers is not sent to a third
 SEED_SPACE = 2**64
@@ -29,19 +30,10 @@ class PromptTokenizer(Protocol):
 
 
 def validate_submit(msg: p.Submit) -> p.Problem | None:
-    """What keeps ``msg`` from being routed, or None."""
-    given = [x is not None for x in (msg.prompt, msg.tokens, msg.messages)]
-    if sum(given) != 1:
-        return p.Problem.bad_request("give exactly one of prompt, tokens or messages")
-    if not msg.request_id:
-        return p.Problem.bad_request("request_id must be a non-empty string")
-    if msg.prompt is not None and not msg.prompt:
-        return p.Problem.bad_request("the prompt is empty")
-    if msg.tokens is not None and not msg.tokens:
-        return p.Problem.bad_request("tokens is empty")
-    if msg.messages is not None and not msg.messages:
-        return p.Problem.bad_request("messages is empty")
-    return None  # its sampling parameters were checked as it was decoded (validation.py)
+    """What keeps ``msg`` from being routed, or None: the rules every side runs
+    (common/validation.py ``submit_problem``), again for a Submit a driver handed the
+    core without decoding it (the twin, tests)."""
+    return submit_problem(msg)
 
 
 @dataclass

@@ -186,8 +186,20 @@ def _assign(m: p.Assign) -> Problem | None:
     return _within("resume", m.resume, 0, len(m.tokens))
 
 
-def _submit(m: p.Submit) -> Problem | None:
-    # The router's door: the one place a request's sampling rules are checked.
+def submit_problem(m: p.Submit) -> Problem | None:
+    """What keeps a Submit from being served, or None: the one place its rules live.
+    The router runs it as it decodes a Submit (and its core on one handed to it
+    directly); the client library and the gateway run it through ``protocol.check``
+    before one leaves. Single values are bounded by their types, above."""
+    given = [x is not None for x in (m.prompt, m.tokens, m.messages)]
+    if sum(given) != 1:
+        return Problem.bad_request("give exactly one of prompt, tokens or messages")
+    if not m.request_id:
+        return Problem.bad_request("request_id must be a non-empty string", "request_id")
+    for name in ("prompt", "tokens", "messages"):
+        value = getattr(m, name)
+        if value is not None and not value:
+            return Problem.bad_request(f"{name} is empty", name)
     problem = m.sampling.problem()
     if problem is None and m.messages is not None:
         problem = tree_problem(m.messages, 1, "messages")
@@ -208,6 +220,6 @@ _CHECKS: dict[str, Check] = {  # by message tag; the others have no rule across 
     "step_tokens": _step_tokens,
     "tokens": _token_delta,
     "assign": _assign,
-    "submit": _submit,
+    "submit": submit_problem,
     "status_reply": _status_reply,
 }
