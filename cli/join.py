@@ -9,6 +9,7 @@ from typing import Any, NoReturn
 
 import click
 
+from tandem.cli.options import node_option
 from tandem.cli.processes import worker as worker_command
 from tandem.cli.serve import SERVE_DEFAULTS, _run_dir, worker_knobs
 
@@ -22,12 +23,7 @@ REFUSED, NETWORK = 2, 3
 @click.option("--token", envvar="TANDEM_JOIN_TOKEN", required=True,
               help="The join token tandem serve printed (or TANDEM_JOIN_TOKEN: other users "
               "of this machine can read a command line, not your environment).")  # fmt: skip
-@click.option(
-    "--node",
-    envvar="TANDEM_NODE",
-    default="",
-    help="This machine's name in status, top and /metrics [default: the host's].",
-)
+@node_option
 @click.option(
     "--model",
     default=None,

@@ -60,6 +60,15 @@ keys_option = click.option(
     help="CURVE keys folder made by `tandem keys` (docs/SECURITY.md); default: none.",
 )
 
+# A worker's machine (Ready.node), the same flag on `tandem worker` and `tandem join`;
+# the Ray fleet sets TANDEM_NODE for the workers it starts.
+node_option = click.option(
+    "--node",
+    envvar="TANDEM_NODE",
+    default="",
+    help="The machine's name in status, top and /metrics [default: the host's name].",
+)
+
 # `tandem status` / `tandem top`: find the router of a `tandem serve --ray` through Ray.
 ray_option = click.option(
     "--ray",

@@ -12,7 +12,14 @@ import click
 from tandem.broker.admission import AdmissionConfig
 from tandem.broker.calibration import DECODE_ESTIMATES
 from tandem.broker.config import RouterConfig
-from tandem.cli.options import config_default, cpus_option, field_option, keys_option, sim_profile
+from tandem.cli.options import (
+    config_default,
+    cpus_option,
+    field_option,
+    keys_option,
+    node_option,
+    sim_profile,
+)
 from tandem.common.settings import DEFAULT_CLIENT_ADDR, DEFAULT_WORKER_ADDR, Addresses
 from tandem.workers.backends import BACKENDS
 from tandem.workers.config import WARMUP, EngineConfig, WorkerConfig
@@ -221,12 +228,7 @@ def cache_memory_options(f: Any) -> Any:
     help="Print one JSON object per line to stdout as the worker starts: loading, "
     "measuring (done/total), registered (provisional), error.",
 )
-@click.option(
-    "--node",
-    envvar="TANDEM_NODE",
-    default="",
-    help="The machine's name in status, top and /metrics [default: the host's name].",
-)
+@node_option
 @click.option(
     "--keep-profile",
     is_flag=True,
