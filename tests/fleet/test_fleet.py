@@ -318,7 +318,8 @@ def test_an_agent_ray_restarts_starts_its_workers_at_the_router_now(fleet: Fleet
         if len(rows) == 3 and now and all(now[w] != old[w] for w in now):
             break
         time.sleep(0.5)
-    assert len(fleet.workers()) == 3 and set(now) == set(old), (now, old)
+    # The rows the loop saw: a second status read raced the old worker's expiry once.
+    assert len(rows) == 3 and set(now) == set(old), (rows, now, old)
     with fleet.client() as c:
         for wid in old:
             assert c.generate("again", max_tokens=3, worker=wid).worker == wid
