@@ -19,16 +19,7 @@ from tests.helpers import needs_llama
 pytestmark = [pytest.mark.model, needs_llama]
 STEP = 256
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
-
-
-@pytest.fixture(scope="module")
-def backend():
-    from tandem.workers.backends.llama import LlamaBackend
-
-    b = LlamaBackend(default_model_path(), n_ctx=4096, threads=2, max_active=4,
-                     cache_entries=4, step_tokens=STEP)  # fmt: skip
-    yield b
-    b.close()
+LLAMA_BACKEND = {"n_ctx": 4096, "cache_entries": 4, "step_tokens": STEP}  # conftest's backend
 
 
 @pytest.fixture(scope="module")

@@ -28,16 +28,7 @@ pytestmark = [pytest.mark.model, needs_llama]
 STEP = 128
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 N = 24
-
-
-@pytest.fixture(scope="module")
-def backend():
-    from tandem.workers.backends.llama import LlamaBackend
-
-    b = LlamaBackend(default_model_path(), n_ctx=1024, threads=2, max_active=4,
-                     cache_entries=2, step_tokens=STEP)  # fmt: skip
-    yield b
-    b.close()
+LLAMA_BACKEND = {"n_ctx": 1024, "cache_entries": 2, "step_tokens": STEP}  # conftest's backend
 
 
 @pytest.fixture(scope="module")
@@ -248,14 +239,7 @@ def test_a_schema_llama_cpp_cannot_take_is_a_clear_400(backend, prompt) -> None:
     assert backend.free_seqs and not run.engine.active
 
 
-def fresh_backend() -> Any:
-    from tandem.workers.backends.llama import LlamaBackend
-
-    return LlamaBackend(default_model_path(), n_ctx=1024, threads=2, max_active=4,
-                        cache_entries=2, step_tokens=STEP)  # fmt: skip
-
-
-def test_a_seeded_request_samples_the_same_alone_and_in_a_batch(prompt) -> None:
+def test_a_seeded_request_samples_the_same_alone_and_in_a_batch(prompt, fresh_backend) -> None:
     """Each request has its own seeded chain: the batch it shares does not move its
     random stream. Each run starts on a fresh context and the seeded request is
     admitted first, so its KV sits in the same cells as alone: llama.cpp's logits
