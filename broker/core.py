@@ -18,7 +18,7 @@ What the router owes its peers collects in ``out`` (broker/outgoing.py) as
 (peer, messages) and decision records; ``settle()`` runs the metrics hooks once
 the driver has sent them. Three drivers run this one core: the live loop
 (broker/router.py, ZeroMQ sockets and the monotonic clock), the twin (twin/loop.py,
-a virtual clock) and the router bench (bench/router_state.py); the tests drive
+a virtual clock) and the router study (studies/router_state.py); the tests drive
 the live loop over inproc sockets (tests/helpers.py) and the core directly.
 """
 

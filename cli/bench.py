@@ -18,7 +18,6 @@ from click.core import ParameterSource
 from tandem.bench.workload import KINDS
 from tandem.broker.policies import DEFAULT_POLICY
 from tandem.cli.extras import BENCH_MODULES, require_extra
-from tandem.cli.options import out_file_option
 
 _DEFAULTS: dict[str, Any] = {
     "workers": (),
@@ -274,43 +273,3 @@ def twin_oracle(result: str, budget: int, served_from: str, out_dir: str | None)
     save(doc, out)
     write_outputs(doc, out)
     click.echo(f"{n} runs got a twin oracle; wrote {out}/result.json and report.md", err=True)
-
-
-@bench.command("router")
-@click.option("--runs", type=int, default=3, show_default=True, help="Repetitions (medians).")
-@click.option("--requests", type=int, default=4000, show_default=True, help="For req/s.")
-@click.option("--stream-tokens", type=int, default=2000, show_default=True,
-              help="Tokens per stream (64 streams) for tok/s.")  # fmt: skip
-@click.option("--workers", "fleet", multiple=True, type=click.IntRange(1, 4096),
-              help="Instead: one router in front of N live null workers, per N "
-                   "(bench/router_fleet.py: req/s, decisions, CPU, RSS, status).")  # fmt: skip
-@out_file_option(help="Write JSON here.")
-def router_bench(
-    runs: int, requests: int, stream_tokens: int, fleet: tuple[int, ...], out: str | None
-) -> None:
-    """The router's own cost against a null worker (bench/router_overhead.py)."""
-    import json
-
-    if fleet:
-        from tandem.bench.router_fleet import run_fleet
-
-        doc = run_fleet(list(fleet), runs, requests, lambda line: click.echo(line, err=True))
-        if out:
-            from tandem.bench.router_fleet import plot_fleet
-
-            Path(out).write_text(json.dumps(doc, indent=1) + "\n")
-            plot_fleet({"router": doc["summary"]}, str(Path(out).with_suffix(".png")))
-        click.echo(json.dumps(doc["summary"], indent=1))
-        return
-
-    from tandem.bench.router_overhead import OverheadConfig, run_all
-
-    try:
-        cfg = OverheadConfig(requests=requests, stream_tokens=stream_tokens)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
-    doc = run_all(cfg, runs, progress=lambda line: click.echo(line, err=True))
-    text = json.dumps(doc, indent=1)
-    if out:
-        Path(out).write_text(text + "\n")
-    click.echo(json.dumps(doc["summary"], indent=1))

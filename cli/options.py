@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 
-from tandem.bench.options import out_file_option  # noqa: F401  (re-exported for the commands)
 from tandem.common.settings import DEFAULT_CLIENT_ADDR
 
 
@@ -123,3 +124,30 @@ cpus_option = click.option(
     callback=_cpus,
     help="Pin the process to these cores, e.g. 0-9,12 [default: any core].",
 )
+
+
+def _out_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """An output file's folder is made, and found writable, before a long run starts
+    rather than when its result is written at the end."""
+    if value is None:
+        return None
+    folder = Path(value).resolve().parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = exc.strerror or exc
+        raise click.BadParameter(f"cannot make the folder {str(folder)!r}: {why}") from None
+    if not os.access(folder, os.W_OK):
+        raise click.BadParameter(f"the folder {str(folder)!r} is not writable")
+    return value
+
+
+def out_file_option(*names: str, help: str = "Write the result to this file.") -> Any:
+    """``--out FILE``: its folder made (and checked) when the command starts."""
+    return click.option(
+        *(names or ("--out",)),
+        type=click.Path(dir_okay=False),
+        default=None,
+        callback=_out_file,
+        help=help,
+    )

@@ -81,7 +81,7 @@ def effective(cfg: ServeConfig, found: list[Device]) -> ServeConfig:
     # One core each for the router, the gateway and every GPU worker's host thread:
     # a llama.cpp thread sharing a core stalls its siblings (2 threads on this 2-core
     # machine: 1.3-1.7x faster when it was idle, 0.14-0.17x under load;
-    # docs/results/startup.md, studies/threads.py).
+    # docs/results/startup.md).
     threads = max(1, cores - 2 - gpus)
     if "threads" not in cfg.worker:
         workers = [_with_threads(w, threads) for w in workers]

@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from tandem.bench.options import out_file_option
+from tandem.cli.options import out_file_option
 from tandem.client import AsyncClient
 from tandem.common.model_files import default_model_path
 from tandem.common.protocol import SamplingParams

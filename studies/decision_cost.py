@@ -1,6 +1,6 @@
 """What one routing decision costs the router, per policy and fleet size.
 
-``python -m tandem.bench.decision_cost [N ...]`` times ``policy.choose`` on N
+``python -m studies.decision_cost [N ...]`` times ``policy.choose`` on N
 busy workers (each at ``max_active`` 8, half its rows decoding and half still
 prefilling, 4 more queued: 12 requests a worker) in two patterns:
 

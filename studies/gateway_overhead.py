@@ -28,7 +28,7 @@ from pathlib import Path
 import click
 import psutil
 
-from tandem.bench.options import out_file_option
+from tandem.cli.options import out_file_option
 from tandem.client import AsyncClient
 from tandem.launcher.cluster import Cluster, WorkerSpec
 

@@ -1,4 +1,5 @@
-"""``tandem bench router --workers N``: one router in front of N live null workers.
+"""One router in front of N live null workers (``python -m studies.router_overhead
+--workers N``).
 
 N null workers (one process, one DEALER each) register, heartbeat every
 HEARTBEAT_S with their in-flight rows and a cache report, and answer each
@@ -7,7 +8,7 @@ requests of ``max_tokens=1`` in flight. Measured, with the router in its own
 process: routed requests/s, the router's CPU (share of one core) while
 routing, its RSS, its CPU with the N workers idle, and the time of a
 ``status`` reply. Decision times (p50/p99) are timed in process on a core
-with N registered workers (bench/router_state.py), the router's own code.
+with N registered workers (studies/router_state.py), the router's own code.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import msgpack
 import psutil
 import zmq
 
-from tandem.bench import null_peers
-from tandem.bench.router_overhead import _addr, _drive, _processes, _run_router, _submit, _warm
+from studies import null_peers
+from studies.router_overhead import _drive, _processes, _run_router, _submit, _warm
 from tandem.common import protocol as p
+from tandem.launcher.cluster import free_tcp_address
 
 HEARTBEAT_S = null_peers.HEARTBEAT_S
 # A worker not yet welcomed sends Ready again, backing off to 5 s (workers/io.py): a
@@ -137,9 +139,9 @@ def _cpu_s(proc: psutil.Process) -> float:
 def measure_fleet(n: int, requests: int = 4000, window: int = 256, idle_s: float = 5.0,
                   decisions: int = 300) -> dict[str, float]:  # fmt: skip
     """One router start in front of ``n`` null workers: the numbers the module names."""
-    from tandem.bench.router_state import loaded_router, time_decision
+    from studies.router_state import loaded_router, time_decision
 
-    c, w = _addr(), _addr()
+    c, w = free_tcp_address(), free_tcp_address()
     spec = null_peers.tiny_spec()
     with _processes((_run_router, (c, w)), (fleet, (w, n, spec))) as procs:
         router = psutil.Process(procs[0].pid)

@@ -1,7 +1,10 @@
-"""``tandem bench router``: what the router itself costs, against a null worker.
+"""What the router itself costs, against a null worker.
+
+    .venv/bin/python -m studies.router_overhead [--runs 3] [--out overhead.json]
+    .venv/bin/python -m studies.router_overhead --workers 64 --workers 1024  # router_fleet.py
 
 Three paths carry the same frames from one client to one null worker
-(bench/null_peers.py): ``direct`` (client to worker), ``relay`` (a plain pyzmq
+(studies/null_peers.py): ``direct`` (client to worker), ``relay`` (a plain pyzmq
 relay: bytes in, bytes out) and ``router`` (tandem's router). Each measures:
 
 - routed requests/s: ``max_tokens=1``, ``window`` requests in flight;
@@ -19,7 +22,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import random
-import socket
 import statistics
 import threading
 import time
@@ -28,12 +30,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import click
 import msgpack
 import psutil
 import zmq
 
-from tandem.bench import null_peers
+from studies import null_peers
+from tandem.cli.options import out_file_option
 from tandem.common import protocol as p
+from tandem.launcher.cluster import free_tcp_address
 
 SPAWN = mp.get_context("spawn")
 
@@ -54,12 +59,6 @@ class OverheadConfig:
             raise ValueError("requests, window, streams and stream_tokens must be >= 1")
         if self.latency_requests < 10 or self.swarm < 1 or self.swarm_window_s <= 0:
             raise ValueError("latency_requests >= 10, swarm >= 1, swarm_window_s > 0")
-
-
-def _addr() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 def _run_router(client: str, worker: str, stop: Any) -> None:
@@ -104,7 +103,7 @@ def _processes(*targets: tuple[Any, tuple[Any, ...]]) -> Iterator[list[Any]]:
 @contextmanager
 def path(kind: str) -> Iterator[tuple[zmq.Socket, int | None]]:
     """A client DEALER connected to a null worker through ``kind``."""
-    c, w = _addr(), _addr()
+    c, w = free_tcp_address(), free_tcp_address()
     targets: list[tuple[Callable[..., None], tuple[str, str]]]
     if kind == "direct":
         targets = [(null_peers.null_worker, (c, "direct"))]
@@ -209,7 +208,7 @@ def measure_paths(cfg: OverheadConfig) -> dict[str, dict[str, float]]:
 
 def decision_times_ms(n_workers: int, repeats: int = 30) -> float:
     """Median time of one routing decision (512-token prompt) at ``n_workers``."""
-    from tandem.bench.router_state import loaded_router, time_decision
+    from studies.router_state import loaded_router, time_decision
 
     router = loaded_router(n_workers, random.Random(n_workers))
     times = [time_decision(router, i) for i in range(repeats)]
@@ -222,7 +221,7 @@ def measure_swarm(cfg: OverheadConfig) -> dict[str, float]:
     from tandem.common.tokenizer import tokenizer_spec_from_gguf
 
     spec = tokenizer_spec_from_gguf(default_model_path()).to_wire()
-    c, w = _addr(), _addr()
+    c, w = free_tcp_address(), free_tcp_address()
     swarm = (null_peers.heartbeat_swarm, (w, cfg.swarm, spec))
     with _processes((_run_router, (c, w)), swarm) as (router, _):
         proc = psutil.Process(router.pid)
@@ -302,3 +301,42 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "swarm": {k: med(lambda r, k=k: r["swarm"][k]) for k in runs[0]["swarm"]},
         "load_avg": [round(r["load_avg"], 2) for r in runs],
     }
+
+
+@click.command()
+@click.option("--runs", type=int, default=3, show_default=True, help="Repetitions (medians).")
+@click.option("--requests", type=int, default=4000, show_default=True, help="For req/s.")
+@click.option("--stream-tokens", type=int, default=2000, show_default=True,
+              help="Tokens per stream (64 streams) for tok/s.")  # fmt: skip
+@click.option("--workers", "fleet", multiple=True, type=click.IntRange(1, 4096),
+              help="Instead: one router in front of N live null workers, per N "
+                   "(studies/router_fleet.py: req/s, decisions, CPU, RSS, status).")  # fmt: skip
+@out_file_option(help="Write JSON here.")
+def main(
+    runs: int, requests: int, stream_tokens: int, fleet: tuple[int, ...], out: str | None
+) -> None:
+    """The router's own cost against a null worker."""
+    import json
+    from functools import partial
+    from pathlib import Path
+
+    say = partial(click.echo, err=True)
+    if fleet:
+        from studies.router_fleet import plot_fleet, run_fleet
+
+        doc = run_fleet(list(fleet), runs, requests, say)
+        if out:
+            plot_fleet({"router": doc["summary"]}, str(Path(out).with_suffix(".png")))
+    else:
+        try:
+            cfg = OverheadConfig(requests=requests, stream_tokens=stream_tokens)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        doc = run_all(cfg, runs, progress=say)
+    if out:
+        Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+    click.echo(json.dumps(doc["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -15,7 +15,7 @@ import random
 import time
 import uuid
 
-from tandem.bench.null_peers import tiny_spec
+from studies.null_peers import tiny_spec
 from tandem.broker.config import RouterConfig
 from tandem.broker.core import RouterCore
 from tandem.broker.ledger import PromptBlocks

@@ -1,7 +1,7 @@
 """How long ``tandem serve`` takes to be ready, what it planned, and the GPU memory
 each of its processes holds: one start, measured from outside as a user sees it.
 
-    python -m tandem.bench.serve_ready --label cold --out serve.json [-- SERVE ARGS]
+    python -m studies.serve_ready --label cold --out serve.json [-- SERVE ARGS]
 
 Starts ``tandem serve`` on free ports with its own run folder, and times the start
 until every planned worker is registered at the router (the supervisor's ready

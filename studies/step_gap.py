@@ -35,7 +35,7 @@ and did not repeat in the next; serving through the I/O thread cost nothing beyo
 churn; a forced mask +24-26 % in two rounds of three. The neighbour is untested
 there.
 
-    python -m tandem.bench.step_gap --backend mlx --device gpu --batch 4,8 --out gap.json
+    python -m studies.step_gap --backend mlx --device gpu --batch 4,8 --out gap.json
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from typing import Any
 
 import click
 
-from tandem.bench.options import out_file_option
+from tandem.cli.options import out_file_option
 from tandem.common import protocol as p
 from tandem.common.affinity import parse_cpus
 from tandem.common.protocol import SamplingParams

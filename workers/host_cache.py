@@ -5,7 +5,7 @@ cells a new request shares: free to reuse) and, when its backend can save a
 sequence's state (llama.cpp: ``llama_state_seq_get_data``), entries evicted from
 the device in HOST RAM under their own budget. A request that hits a host entry
 has it restored into a fresh sequence (``llama_state_seq_set_data``: a copy, ~1,000x
-faster than prefilling the same tokens on this 2-core CPU; studies/cache_tiers.py)
+faster than prefilling the same tokens on this 2-core CPU: docs/results/prefix-cache-memory.md)
 instead of prefilled. The heartbeat's cache report says which blocks are on the
 device (common/blocks.py) so the router can price a host hit as a restore.
 """

@@ -239,7 +239,7 @@ def plan(
     keeps LLAMA_CPU_DEVICE_TOKENS by default: it allocates its whole pool at start,
     and every cell the pool holds is attended over (masked) by every decode step
     (4,096 held cells made a SmolLM2 decode step +27-29 % at the median here,
-    studies/cache_tiers.py decode), while its host tier holds the rest at no decode
+    docs/results/prefix-cache-memory.md), while its host tier holds the rest at no decode
     cost and restores 2,000-6,600x faster than it prefills.
     Host tier (llama.cpp, and MLX on a CUDA GPU): ``host_cache_mem``
     bytes, else ``host_cache_mem_frac`` (default HOST_FRAC, capped at HOST_CAP_BYTES).

@@ -1,6 +1,6 @@
 """What re-quantizing K-quants for MLX costs: memory, decode speed, NLL vs llama.cpp.
 
-    python -m tandem.bench.requant MODEL.gguf [--ftype 15] [--tokens 32]
+    python -m studies.models.requant MODEL.gguf [--ftype 15] [--tokens 32]
 
 Quantizes MODEL.gguf with llama.cpp (`--ftype`, default 15 = Q4_K_M), then loads
 the result three ways and scores the same text: llama.cpp itself, MLX with the
@@ -76,7 +76,7 @@ def _decode_rate(model: Any, ids: list[int], n: int) -> float:
 
 
 def main() -> None:
-    from tandem.bench.llama_logits import llama_logits, mean_nll
+    from studies.models.llama_logits import llama_logits, mean_nll
     from tandem.common.tokenizer import TextTokenizer, tokenizer_spec_from_gguf
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -1,8 +1,8 @@
 """GGUFs with the shape of a known model and random weights: for timing and parity, never text.
 
-    python -m tandem.bench.shaped_model qwen2.5-0.5b /tmp/qwen2.5-0.5b-shaped.gguf
-    python -m tandem.bench.shaped_model tiny-phi3 /tmp/tiny-phi3.gguf
-    python -m tandem.bench.shaped_model qwen2.5-0.5b OUT.gguf --vocab qwen2  # Qwen's tokenizer
+    python -m studies.models.shaped_model qwen2.5-0.5b /tmp/qwen2.5-0.5b-shaped.gguf
+    python -m studies.models.shaped_model tiny-phi3 /tmp/tiny-phi3.gguf
+    python -m studies.models.shaped_model qwen2.5-0.5b OUT.gguf --vocab qwen2  # Qwen's tokenizer
 
 Where the model itself cannot be downloaded, its speed can still be measured:
 what a forward pass costs depends on the shapes (hidden size, layers, heads, KV
@@ -10,7 +10,7 @@ heads, FFN width, vocabulary) and the quantization, not on the weights' values.
 Each shape names its architecture and writes that architecture's tensors (Qwen2's
 q/k/v biases, Phi-3's fused qkv and gate-up, Gemma 2's extra norms, Llama 3.1's
 rope_freqs), so both workers load it through the same code paths as the real
-family. The tokenizer is copied from a real vocabulary (bench/shaped_vocab.py),
+family. The tokenizer is copied from a real vocabulary (studies/models/shaped_vocab.py),
 padded with unused tokens up to the shape's vocabulary. Weights are random Q8_0
 blocks (std 1/sqrt(inputs), embeddings 0.5), norms near one: the output is noise, so benchmarks
 with such a model must ignore EOS (tandem bench does).
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tandem.bench.shaped_vocab import (
+from studies.models.shaped_vocab import (
     GEMMA_VOCAB,
     LLAMA3_TEMPLATE,
     MISTRAL_TEMPLATE,

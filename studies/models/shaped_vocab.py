@@ -44,7 +44,7 @@ GEMMA_TEMPLATE = (
 class VocabSource:
     """Where a shaped model's tokenizer comes from, and what is changed on the way."""
 
-    vocab: str | None = None  # llama.cpp vocab name (bench.vocab_files); None: the default model
+    vocab: str | None = None  # llama.cpp vocab name (vocab_files.py); None: the default model
     chat_template: str | None = None  # replaces the source's (None: keep it)
     control_tokens: tuple[str, ...] = ()  # appended as control tokens
     add_space_prefix: bool | None = None  # SentencePiece only; None: keep the source's
@@ -59,7 +59,7 @@ GEMMA_VOCAB = VocabSource(
 
 
 def source_path(source: VocabSource) -> Path:
-    from tandem.bench.vocab_files import vocab_file
+    from studies.models.vocab_files import vocab_file
     from tandem.common.model_files import default_model_path
 
     return default_model_path() if source.vocab is None else vocab_file(source.vocab)

@@ -6,7 +6,7 @@ tests read them): `ggml-vocab-qwen2.gguf`, `-llama-bpe` (Llama 3), `-llama-spm`
 archive on PyPI. `vocab_file(name)` takes one from the cache, else downloads that
 archive once with pip and extracts every vocabulary into the cache.
 
-    python -m tandem.bench.vocab_files qwen2    # prints the path
+    python -m studies.models.vocab_files qwen2    # prints the path
 """
 
 from __future__ import annotations

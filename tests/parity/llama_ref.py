@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tandem.bench.llama_logits import llama_logits, mean_nll
+from studies.models.llama_logits import llama_logits, mean_nll
 
 __all__ = ["llama_logits", "mean_nll"]  # the references the parity tests share
 

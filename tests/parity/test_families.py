@@ -1,5 +1,5 @@
 """Every supported family on both backends: a shaped random-weight GGUF per architecture
-(bench/shaped_model.py) with the family's tokenizer, checked against llama.cpp on the
+(studies/models/shaped_model.py) with the family's tokenizer, checked against llama.cpp on the
 same file: token ids, chat template, logits (top-1 and mean NLL within the bounds the
 SmolLM2 parity test uses), and batched decode equal to each request alone."""
 
@@ -15,7 +15,7 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 
-from tandem.bench.shaped_model import FAMILY_SHAPES, SHAPES, write_shaped_model  # noqa: E402
+from studies.models.shaped_model import FAMILY_SHAPES, SHAPES, write_shaped_model  # noqa: E402
 from tandem.common.tokenizer import TextTokenizer  # noqa: E402
 from tandem.workers.backends.mlx.backend import MlxBackend  # noqa: E402
 from tandem.workers.backends.mlx.model import load_mlx_model  # noqa: E402
@@ -122,7 +122,7 @@ def test_batched_decode_equals_each_request_alone(shaped) -> None:
 def test_a_k_quant_mix_loads_and_matches_llama_cpp(folder: Path) -> None:
     """Q4_K_M as llama.cpp writes it: rows of 64 are no multiple of 256, so it falls
     back to Q5_0/Q5_1/Q8_0, which mx.load cannot read: the gguf dequantizer path."""
-    from tandem.bench.requant import quantize
+    from studies.models.requant import quantize
     from tandem.workers.backends.mlx.gguf import convert_gguf
 
     src = write_shaped_model(SHAPES["tiny"], folder / "tiny.gguf")

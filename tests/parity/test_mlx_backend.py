@@ -103,7 +103,7 @@ def raw_mlx_lm_greedy(model, prompt: list[int], n: int) -> list[int]:
 @pytest.mark.parametrize("mask", ["boolean", "additive", "always-additive"])
 def test_batched_decode_equals_each_request_alone(tiny, mask: str, monkeypatch) -> None:
     """Also with the ragged batch's mask given as 0 / -inf, and with a mask on every
-    step (bench/step_gap.py's mask modes): the same tokens."""
+    step (studies/step_gap.py's mask modes): the same tokens."""
     from tandem.workers.backends.mlx.batch import DecodeBatch
 
     monkeypatch.setattr(DecodeBatch, "additive_mask", mask != "boolean")

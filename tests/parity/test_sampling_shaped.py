@@ -1,5 +1,5 @@
 """The sampling fields on a shaped Qwen2 model (random weights, Qwen2's tokenizer and
-layout: bench/shaped_model.py), on both backends, against the raw libraries: the
+layout: studies/models/shaped_model.py), on both backends, against the raw libraries: the
 llama.cpp worker against llama-cpp-python's ``Llama``, the MLX worker (the same GGUF,
 loaded by MLX) against mlx-lm's processors on its own model."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.bench.shaped_model import SHAPES, write_shaped_model
+from studies.models.shaped_model import SHAPES, write_shaped_model
 from tandem.common.protocol import SamplingParams
 from tandem.common.tokenizer import TextTokenizer, tokenizer_spec_from_gguf
 from tandem.workers.request import Request

@@ -1,4 +1,4 @@
-"""Random-weight models shaped like real ones (bench/shaped_model.py): for timing runs
+"""Random-weight models shaped like real ones (studies/models/shaped_model.py): for timing runs
 where the real weights cannot be had. Both workers must load them and tokenize as the
 default model does."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.bench.shaped_model import SHAPES, q8_0_random, write_shaped_model
+from studies.models.shaped_model import SHAPES, q8_0_random, write_shaped_model
 from tandem.common import protocol as p
 from tandem.common.model_files import default_model_path
 from tandem.common.protocol import SamplingParams

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.bench.vocab_files import vocab_file
+from studies.models.vocab_files import vocab_file
 from tandem.common.tokenizer import TextTokenizer, piece_table, tokenizer_spec_from_gguf
 from tests.parity import llama_ref
 

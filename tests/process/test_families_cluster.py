@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.bench.shaped_model import SHAPES, write_shaped_model
+from studies.models.shaped_model import SHAPES, write_shaped_model
 from tandem.launcher.cluster import Cluster, WorkerSpec
 from tests.helpers import LLAMA_ARGS, needs_llama
 

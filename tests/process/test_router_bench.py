@@ -1,4 +1,4 @@
-"""``tandem bench router`` end to end at a tiny size: every path it measures answers.
+"""studies/router_overhead.py end to end at a tiny size: every path it measures answers.
 
 The numbers themselves are the benchmark's business (docs/results/router-overhead.md);
 this only guards that the bench still drives today's router (it reaches into the
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(180)
 
 TINY = """
 import json
-from tandem.bench.router_overhead import OverheadConfig, run_all
+from studies.router_overhead import OverheadConfig, run_all
 cfg = OverheadConfig(requests=120, window=16, streams=4, stream_tokens=40,
                      latency_requests=10, decision_workers=(1, 8), swarm=4, swarm_window_s=1.0)
 print(json.dumps(run_all(cfg, runs=1, progress=lambda line: None)))
@@ -28,7 +28,7 @@ print(json.dumps(run_all(cfg, runs=1, progress=lambda line: None)))
 
 DEAD_ROUTER = """
 import operator, time
-from tandem.bench import router_overhead as ro
+from studies import router_overhead as ro
 ro._run_router = operator.truediv  # importable, and fails on (client, worker, stop) at once
 t0 = time.monotonic()
 try:

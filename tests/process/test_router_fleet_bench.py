@@ -1,5 +1,6 @@
-"""``tandem bench router --workers N`` end to end at a tiny size: a router in front of
-a few live null workers routes, answers ``status`` and is measured.
+"""studies/router_fleet.py (``-m studies.router_overhead --workers N``) end to end at a
+tiny size: a router in front of a few live null workers routes, answers ``status`` and
+is measured.
 
 Only that the bench still drives today's router; its numbers are
 docs/results/router-fleet.md's business. In a process of its own, as
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.timeout(180)
 
 TINY = """
 import json
-from tandem.bench.router_fleet import measure_fleet
+from studies.router_fleet import measure_fleet
 print(json.dumps(measure_fleet(3, requests=150, window=8, idle_s=0.5, decisions=20)))
 """
 

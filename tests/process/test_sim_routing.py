@@ -229,10 +229,10 @@ def test_burst_goes_fast_first_then_offloads_to_slow(sim_cluster: tuple[Cluster,
 def test_the_step_gap_tool_measures_both_patterns_at_the_devices_speed(
     tmp_path: Path, model: Path
 ) -> None:
-    """bench/step_gap.py: aligned and churning batches both decode at the device's
+    """studies/step_gap.py: aligned and churning batches both decode at the device's
     step time (a sim device does not care about the pattern), and only the churn
     admits and finishes requests while the batch is full."""
-    from tandem.bench.step_gap import run_mode
+    from studies.step_gap import run_mode
 
     sim = SimBackend(write_profile(tmp_path, decode_step_s=[0.002, 0.003, 0.004]), 16384, model)
     aligned = run_mode(sim, "aligned", 3, 24)

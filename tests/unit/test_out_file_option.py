@@ -35,11 +35,21 @@ def test_a_folder_that_cannot_be_made_fails_at_once(tmp_path: Path) -> None:
     assert not (blocker / "sub").exists()
 
 
-def test_the_router_bench_refuses_its_out_before_measuring(tmp_path: Path) -> None:
-    # The bench takes ~20 s a run; a bad --out used to fail only after it, losing it.
+def test_the_router_study_refuses_its_out_before_measuring(tmp_path: Path) -> None:
+    # The study takes ~20 s a run; a bad --out used to fail only after it, losing it.
+    from studies.router_overhead import main as router_study
+
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    args = ["bench", "router", "--runs", "1", "--out", str(blocker / "r.json")]
-    result = CliRunner().invoke(main, args)
+    result = CliRunner().invoke(router_study, ["--runs", "1", "--out", str(blocker / "r.json")])
     assert result.exit_code == 2
     assert "--out" in result.output and "run 1/1" not in result.output
+
+
+def test_the_twin_robustness_suite_refuses_its_out_before_running(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    args = ["sim", "robustness", "--small", "--out", str(blocker / "r.md")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2
+    assert "--out" in result.output and "cannot make the folder" in result.output

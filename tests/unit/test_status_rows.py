@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from tandem.bench.router_state import loaded_router
+from studies.router_state import loaded_router
 from tandem.broker.core import RouterCore
 from tandem.broker.statusrows import StatusRows
 from tandem.common import protocol as p

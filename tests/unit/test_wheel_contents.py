@@ -60,7 +60,7 @@ def test_the_wheel_holds_each_room_exactly(wheel_files: set[str]) -> None:
 
 
 def test_no_study_ships(wheel_files: set[str]) -> None:
-    studies = {p.name for p in (ROOT / "studies").glob("*.py")} - {"__init__.py"}
+    studies = {p.name for p in (ROOT / "studies").rglob("*.py")} - {"__init__.py"}
     assert studies, "studies/ holds the one-off measurements"
     # where the studies lived (a module of the same name elsewhere, workers/startup.py, is not one)
     labs = {

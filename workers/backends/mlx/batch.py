@@ -55,9 +55,10 @@ class DecodeBatch:
 
     A batch whose rows differ in length needs an attention mask, and on CUDA MLX's
     fused decode attention takes none: the step falls back to unfused attention
-    (bench/step_gap.py measures what that costs). ``additive_mask`` gives the mask
-    as 0 / -inf in the cache's dtype instead of booleans; ``always_mask`` masks even
-    an unpadded batch — both only for that measurement.
+    (its cost: docs/results/h200/matrix-warm2/README.md, "Ragged batches").
+    ``additive_mask`` gives the mask as 0 / -inf in the cache's dtype instead of
+    booleans; ``always_mask`` masks even an unpadded batch — both only for that
+    measurement (studies/step_gap.py).
     """
 
     additive_mask = False
