@@ -136,7 +136,8 @@ class TwinLink:
         self._at_next_ms(lambda: self.loop.submit(rec, tokens, budget, self.world.now))
 
     def from_worker(self, wid: str, msg: p.Message) -> None:
-        self._at_next_ms(lambda: self.loop.on_worker(wid, [msg], self.world.now))
+        frame = p.encode(msg)  # as the live link's socket carries it
+        self._at_next_ms(lambda: self.loop.on_worker(wid, [frame], self.world.now))
 
     def assigned(self) -> list[tuple[str, p.Assign]]:
         got, self.sent = self.sent, []

@@ -3,12 +3,14 @@
 The twin has no router of its own: ``TwinLoop`` feeds the very ``RouterCore``
 the router process runs (broker/core.py) the events the live loop would
 (broker/router.py), with the world's time: a client's Submit, then a routing
-pass; the messages one worker emitted in one step, then the end of that drain
-and a routing pass (capacity may have freed). What the core owes its peers leaves
-through the core's one flush (``RouterCore.flush``), this loop its ``Peers``:
-what a worker is owed is delivered to it after the link's latency; what the
-client is owed becomes that request's bench ``RequestRecord`` (worker, token
-times, stats, errors), so the bench's statistics, reports and plots apply as is.
+pass; the frames one worker's link sent after one step (workers/frames.py, the
+encoder a real worker's I/O thread runs), read as the live loop reads them, then
+the end of that drain and a routing pass (capacity may have freed). What the core
+owes its peers leaves through the core's one flush (``RouterCore.flush``), this
+loop its ``Peers``: what a worker is owed is delivered to it after the link's
+latency; what the client is owed becomes that request's bench ``RequestRecord``
+(worker, token times, stats, errors), so the bench's statistics, reports and
+plots apply as is.
 
 Only the links differ from the live router: a worker's Welcome, Reregister or
 Error is the I/O thread's business (workers/io.py), not the engine's, and the
@@ -82,10 +84,15 @@ class TwinLoop:
         self.core.client(CLIENT, sub, now)
         self.core.route_and_flush(self, now)  # no limit per pass: its turns take no time
 
-    def on_worker(self, worker_id: str, msgs: list[p.Message], now: float) -> None:
-        """What a twin worker emitted in one step, delivered at ``now``."""
+    def on_worker(self, worker_id: str, frames: list[bytes], now: float) -> None:
+        """The frames a twin worker's link sent after one step (workers/frames.py),
+        delivered at ``now``: read as the live loop reads them, a bad one refused."""
         core, identity = self.core, worker_id.encode()
-        for msg in msgs:
+        for frame in frames:
+            try:
+                msg: p.Message | p.ProtocolError = p.decode(frame)
+            except p.ProtocolError as exc:
+                msg = exc
             core.worker(identity, msg, now)
         core.drained()
         core.route_and_flush(self, now)
