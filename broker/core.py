@@ -6,9 +6,11 @@ of how frames move: no socket, no clock, no thread. Each event carries ``now``:
 
 - from clients: ``client(identity, msg, now)`` (Hello, Submit, Cancel,
   StatusQuery, or a refused frame);
-- from workers: ``worker(identity, msg, now)`` (Ready, Heartbeat, tokens, Done,
-  Error, Goodbye, batches of these), ``repeated_heartbeat`` (a frame byte for
-  byte the last heartbeat), ``drained()`` after a run of frames read together;
+- from workers: ``worker_frame(identity, frame, now)``, a frame as it came off the
+  wire (a heartbeat byte for byte the last is not decoded, ``repeated_heartbeat``;
+  anything else is, and handled as ``worker(identity, msg, now)``: Ready,
+  Heartbeat, tokens, Done, Error, Goodbye, batches of these), ``drained()`` after
+  a run of frames read together;
 - from the driver: ``tick(now)`` (liveness), ``disconnected`` / ``probe`` (a
   connection closed), ``tokenized()`` (prompts done beside the loop).
 
@@ -38,6 +40,19 @@ from tandem.common import protocol as p
 
 class RouterCore(Membership, Routing):
     """The router's state and decisions; see the module docstring."""
+
+    def worker_frame(self, identity: bytes, frame: bytes, now: float) -> None:
+        """One frame from the worker connected as ``identity``, as it came off the wire,
+        at ``now``: the live loop and the twin both read a worker's frames here."""
+        if self.repeated_heartbeat(identity, frame, now):
+            return
+        try:
+            msg: p.Message | p.ProtocolError = p.decode(frame)
+        except p.ProtocolError as exc:  # refused to the worker, as a bad frame is
+            msg = exc
+        self.worker(identity, msg, now)
+        if isinstance(msg, p.Heartbeat):
+            self.heartbeat_bytes(identity, frame)
 
     def flush(self, peers: Peers, now: float) -> None:
         """Hand ``peers`` what the core owes, at ``now``: workers first, so that a request

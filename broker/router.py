@@ -33,7 +33,6 @@ from tandem.broker.outgoing import Held, Lost, Records
 from tandem.broker.spin import AdaptiveSpin
 from tandem.broker.tokenize import Tokenizing
 from tandem.common import auth
-from tandem.common import protocol as p
 from tandem.common.peerlimit import TRACKED, PeerLimit, drain
 from tandem.common.settings import Addresses
 from tandem.common.transport import RouterSocket, close_monitor, monitor_socket
@@ -210,8 +209,8 @@ class Router:
         max_bytes: int = 1 << 62,
     ) -> bool:
         """Hand up to ``limit`` waiting frames (or until ``max_bytes`` are read) to the
-        core; True when the socket was emptied. From workers, a heartbeat byte for byte
-        the last is not decoded."""
+        core; True when the socket was emptied. A worker's frame goes to the core as it
+        came (``RouterCore.worker_frame``: a repeated heartbeat is not decoded)."""
         core, emptied, size = self.core, False, 0
         for _ in range(limit):
             parts = sock.recv_frames_nowait()
@@ -223,12 +222,10 @@ class Router:
             # bad frame as a ProtocolError, common/protocol.decode) and handling both
             # stand inside this one boundary.
             try:
-                if workers and len(parts) == 2 and core.repeated_heartbeat(parts[0], parts[1], now):
-                    continue
-                identity, msg = sock.parse(parts)
-                handler(identity, msg, now)
-                if workers and isinstance(msg, p.Heartbeat):
-                    core.heartbeat_bytes(identity, parts[1])
+                if workers and len(parts) == 2:
+                    core.worker_frame(parts[0], parts[1], now)
+                else:
+                    handler(*sock.parse(parts), now)
             except Exception:  # a bug must not take the router down with it
                 core.refusals.note("router failed handling a frame from %r", parts[0],
                                    exc_info=True)  # fmt: skip

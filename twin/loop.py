@@ -86,14 +86,10 @@ class TwinLoop:
 
     def on_worker(self, worker_id: str, frames: list[bytes], now: float) -> None:
         """The frames a twin worker's link sent after one step (workers/frames.py),
-        delivered at ``now``: read as the live loop reads them, a bad one refused."""
+        delivered at ``now``: read as the live loop reads them (``worker_frame``)."""
         core, identity = self.core, worker_id.encode()
         for frame in frames:
-            try:
-                msg: p.Message | p.ProtocolError = p.decode(frame)
-            except p.ProtocolError as exc:
-                msg = exc
-            core.worker(identity, msg, now)
+            core.worker_frame(identity, frame, now)
         core.drained()
         core.route_and_flush(self, now)
 

@@ -3,6 +3,8 @@ driver of the router core sends through it: the live loop, the core driven
 directly, the twin's loop and the router bench. The one flush is swapped here for
 one that notes every message it hands over; a driver that restated the steps (took
 ``out`` itself, released Accepteds, settled) would deliver messages the note lacks.
+Likewise the live loop and the twin read a worker's frames through one function
+(``RouterCore.worker_frame``).
 """
 
 from __future__ import annotations
@@ -88,3 +90,30 @@ def test_the_router_bench_discards_through_the_one_flush(
     router_state.time_decision(core, 0)
     assert [type(m) for _, _, m in noted] == [p.Assign, p.Accepted]
     assert not (core.out.workers or core.out.clients or core.settling or core.accepts)
+
+
+@pytest.mark.parametrize("driver", ["live", "twin"])
+def test_the_live_loop_and_the_twin_read_a_workers_frames_through_one_function(
+    driver: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    read: list[p.Message] = []
+    worker_frame = RouterCore.worker_frame
+
+    def noting(core: RouterCore, identity: bytes, frame: bytes, now: float) -> None:
+        read.append(p.decode(frame))
+        worker_frame(core, identity, frame, now)
+
+    monkeypatch.setattr(RouterCore, "worker_frame", noting)
+    link = LINKS[driver](tmp_path, {"policy": "least_loaded", "calibrate": True})
+    try:
+        link.start_worker("a", RATES, max_active=2)
+        link.submit(p.Submit("r1", tokens=[1, 2, 3], sampling=p.SamplingParams(4)))
+        ((_, assign),) = link.assigned()
+        rid = assign.request_id
+        sent = [p.TokenDelta(rid, [7], "x"), p.Done(rid, p.FinishReason.LENGTH)]
+        for msg in sent:
+            link.from_worker("a", msg)
+        assert not link.assigned()
+    finally:
+        link.close()
+    assert [m for m in read if not isinstance(m, p.Ready)] == sent
