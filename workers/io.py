@@ -110,37 +110,16 @@ class WorkerLink:
         refused = monitor_socket(dealer.sock, _REFUSED)
         poller.register(refused, zmq.POLLIN)
         backoff_s, next_ready, next_follow = 0.25, 0.0, 0.0
-        last_hb: bytes | None = None
-        last_sent = last_heard = time.monotonic()  # heard: from the compute thread
-        stalled = False
-        hb_s = self.ready.heartbeat_s
+        vouch = Vouching(self.ready.heartbeat_s, self.stall_s, time.monotonic())
         try:
             while not stop.is_set():
                 now = time.monotonic()
                 if not self.registered.is_set() and now >= next_ready:
                     dealer.send(self.ready if self._send_spec else self._hash_only)
                     next_ready, backoff_s = now + backoff_s, min(backoff_s * 2, READY_BACKOFF_MAX_S)
-                events = dict(poller.poll(timeout=int(hb_s * 250)))
+                events = dict(poller.poll(timeout=int(vouch.hb_s * 250)))
                 if self._pull in events:
-                    # What waits together leaves as few frames (workers/frames.py, the
-                    # one encoder the twin's workers send through too).
-                    out = Frames(dealer.sock.send)
-                    while True:
-                        try:
-                            kind, frame = self._pull.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        last_heard = time.monotonic()
-                        if stalled:
-                            log.warning("the compute thread is back")
-                            stalled = False
-                        if kind == HEARTBEAT:  # kept to repeat; sent once registered
-                            last_hb = frame
-                            if not self.registered.is_set():
-                                continue
-                            last_sent = time.monotonic()
-                        out.put(kind, msgpack.unpackb(frame) if kind == TOKENS else frame)
-                    out.flush()
+                    self._relay(dealer, vouch)
                 if dealer.sock in events:
                     while dealer.poll(0):
                         if self._receive(dealer):
@@ -153,19 +132,9 @@ class WorkerLink:
                     refused.recv_multipart()
                     log.error("router %s refused our handshake: wrong or missing keys "
                               "(--keys, docs/SECURITY.md)", self.router_addr)  # fmt: skip
-                now = time.monotonic()
-                if not stalled and now - last_heard > self.stall_s:
-                    log.error("the compute thread has been silent for %.0f s: stuck; no "
-                              "longer vouching for it", now - last_heard)  # fmt: skip
-                    stalled = True
-                if (
-                    last_hb is not None
-                    and self.registered.is_set()
-                    and not stalled
-                    and now - last_sent >= hb_s
-                ):
-                    dealer.sock.send(last_hb)  # compute thread is busy: repeat the latest state
-                    last_sent = now
+                beat = vouch.due(time.monotonic(), self.registered.is_set())
+                if beat is not None:  # the compute thread is busy: repeat the latest state
+                    dealer.sock.send(beat)
         finally:
             if self.registered.is_set():
                 dealer.send(p.Goodbye(self.ready.worker_id))
@@ -173,6 +142,25 @@ class WorkerLink:
             close_monitor(dealer.sock, refused)
             dealer.close()
             self._pull.close(linger=0)
+
+    def _relay(self, dealer: DealerSocket, vouch: Vouching) -> None:
+        """What the compute thread left in the pipe, sent as few frames (workers/frames.py:
+        the one encoder, which the twin's workers send through too)."""
+        out = Frames(dealer.sock.send)
+        while True:
+            try:
+                kind, frame = self._pull.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            now = time.monotonic()
+            vouch.heard(now)
+            if kind == HEARTBEAT:  # kept to repeat; sent once registered
+                vouch.last_hb = frame
+                if not self.registered.is_set():
+                    continue
+                vouch.sent_at = now
+            out.put(kind, msgpack.unpackb(frame) if kind == TOKENS else frame)
+        out.flush()
 
     def _follow(self, dealer: DealerSocket) -> bool:
         """The router moved (--router-file): connect there and register again at once.
@@ -236,6 +224,35 @@ class WorkerLink:
         else:
             log.warning("worker ignores %s from router", msg.TYPE)
         return False
+
+
+class Vouching:
+    """The latest heartbeat, repeated every ``hb_s`` while the compute thread is busy
+    in a long step, but only for ``stall_s`` of its silence: a compute thread silent
+    that long is stuck, and the router must be let to expire the worker."""
+
+    def __init__(self, hb_s: float, stall_s: float, now: float) -> None:
+        self.hb_s, self.stall_s = hb_s, stall_s
+        self.last_hb: bytes | None = None
+        self.sent_at = self.heard_at = now  # heard: from the compute thread
+        self.stalled = False
+
+    def heard(self, now: float) -> None:
+        self.heard_at = now
+        if self.stalled:
+            log.warning("the compute thread is back")
+            self.stalled = False
+
+    def due(self, now: float, registered: bool) -> bytes | None:
+        """The heartbeat to repeat now, if one is due."""
+        if not self.stalled and now - self.heard_at > self.stall_s:
+            log.error("the compute thread has been silent for %.0f s: stuck; no longer "
+                      "vouching for it", now - self.heard_at)  # fmt: skip
+            self.stalled = True
+        if self.last_hb is None or not registered or self.stalled or now - self.sent_at < self.hb_s:
+            return None
+        self.sent_at = now
+        return self.last_hb
 
 
 def start_link(link: WorkerLink, stop: threading.Event) -> threading.Thread:
