@@ -8,14 +8,14 @@ from tandem.broker.admission import AdmissionConfig
 from tandem.broker.calibration import DECODE_ESTIMATES
 from tandem.broker.policies import DEFAULT_POLICY, parse_policy
 from tandem.common.peerlimit import MAX_PER_ADDRESS
-from tandem.common.settings import Addresses
 
 
 @dataclass(frozen=True, kw_only=True)
 class RouterConfig:
-    """The router process's settings; `tandem router`'s options map onto these fields."""
+    """The router's settings; `tandem router`'s options map onto these fields. The
+    addresses it binds are not here: they are the live loop's (broker/router.py
+    ``Router``), and the core (broker/core.py) that every driver runs binds none."""
 
-    addresses: Addresses
     policy: str = DEFAULT_POLICY
     liveness_s: float = 3.0  # floor of a worker's liveness window (else 6 heartbeats)
     no_worker_wait_s: float = 30.0  # how long a request waits for a first worker

@@ -6,26 +6,33 @@ of how frames move: no socket, no clock, no thread. Each event carries ``now``:
 
 - from clients: ``client(identity, msg, now)`` (Hello, Submit, Cancel,
   StatusQuery, or a refused frame);
-- from workers: ``worker(identity, msg, now)`` (Ready, Heartbeat, tokens, Done,
-  Error, Goodbye, batches of these), ``repeated_heartbeat`` (a frame byte for
-  byte the last heartbeat), ``drained()`` after a run of frames read together;
-- from the driver: ``dispatch(now)`` (route what waits), ``tick(now)`` (liveness),
-  ``disconnected`` / ``probe`` (a connection closed), ``tokenized()`` (prompts
-  done beside the loop), ``release_accepts(now)``, and what could not be
-  delivered (``assigns_lost``, ``client_gone``).
+- from workers: ``worker_frame(identity, frame, now)``, a frame as it came off the
+  wire (a heartbeat byte for byte the last is not decoded, ``repeated_heartbeat``;
+  anything else is, and handled as ``worker(identity, msg, now)``: Ready,
+  Heartbeat, tokens, Done, Error, Goodbye, batches of these), ``drained()`` after
+  a run of frames read together;
+- from the driver: ``tick(now)`` (liveness), ``disconnected`` / ``probe`` (a
+  connection closed), ``tokenized()`` (prompts done beside the loop).
 
 What the router owes its peers collects in ``out`` (broker/outgoing.py) as
-(peer, messages) and decision records; ``settle()`` runs the metrics hooks once
-the driver has sent them. Three drivers run this one core: the live loop
-(broker/router.py, ZeroMQ sockets and the monotonic clock), the twin (twin/loop.py,
-a virtual clock) and the router study (studies/router_state.py); the tests drive
-the live loop over inproc sockets (tests/helpers.py) and the core directly.
+(peer, messages) and decision records. ``flush(peers, now)`` is the one sequence
+that hands it over: workers first, held Accepteds that are due, clients, what
+could not be delivered fed back (``assigns_lost``, ``client_gone``), decision
+records, then the metrics hooks (``settle``) once the frames they count have
+left; ``route_and_flush(peers, now, limit)`` is a routing pass (``dispatch``)
+and that flush. The driver passes its I/O as ``peers`` (outgoing.py ``Peers``);
+every driver calls these two and none restates their steps. Three drivers run
+this one core: the live loop (broker/router.py, ZeroMQ sockets and the monotonic
+clock), the twin (twin/loop.py, a virtual clock) and the router study
+(studies/router_state.py); the tests drive the live loop over inproc sockets
+(tests/helpers.py) and the core directly (tests/replay_links.py).
 """
 
 from __future__ import annotations
 
 from tandem.broker.admission import prompt_units
 from tandem.broker.membership import Membership
+from tandem.broker.outgoing import Peers
 from tandem.broker.requests import ClientRequest, validate_submit
 from tandem.broker.routing import Routing
 from tandem.common import protocol as p
@@ -33,6 +40,52 @@ from tandem.common import protocol as p
 
 class RouterCore(Membership, Routing):
     """The router's state and decisions; see the module docstring."""
+
+    def worker_frame(self, identity: bytes, frame: bytes, now: float) -> None:
+        """One frame from the worker connected as ``identity``, as it came off the wire,
+        at ``now``: the live loop and the twin both read a worker's frames here."""
+        if self.repeated_heartbeat(identity, frame, now):
+            return
+        try:
+            msg: p.Message | p.ProtocolError = p.decode(frame)
+        except p.ProtocolError as exc:  # refused to the worker, as a bad frame is
+            msg = exc
+        self.worker(identity, msg, now)
+        if isinstance(msg, p.Heartbeat):
+            self.heartbeat_bytes(identity, frame)
+
+    def flush(self, peers: Peers, now: float) -> None:
+        """Hand ``peers`` what the core owes, at ``now``: workers first, so that a request
+        whose Assign did not leave is queued again before its client is told it was
+        accepted; what a departed client leaves behind (Cancels to its workers) goes
+        in the same flush. Most calls find nothing owed: no call to ``peers`` then."""
+        out = self.out
+        # A pass may leave more owed (a departed client's Cancels, a lost worker's
+        # failed requests); what is still owed after three goes with the next flush.
+        for _ in range(3):
+            if out.workers:
+                for identity, lost in peers.to_workers(out.take_workers(), now):
+                    self.assigns_lost(identity, lost, now)
+            if self.accepts:
+                self.release_accepts(now)
+            if not out.clients:
+                break
+            for identity, lost in peers.to_clients(out.take_clients(), now):
+                self.client_gone(identity, lost)
+            if not out.workers:
+                break
+        if out.decisions:
+            peers.write_decisions(out.take_decisions(), now)
+        if self.settling:
+            self.settle()
+
+    def route_and_flush(self, peers: Peers, now: float, limit: int | None = None) -> bool:
+        """Route waiting requests in order (``dispatch``), then ``flush``; True when
+        ``limit`` routes left some behind."""
+        try:
+            return bool(self.pending) and self.dispatch(now, limit)
+        finally:
+            self.flush(peers, now)
 
     def client(self, identity: bytes, msg: p.Message | p.ProtocolError, now: float) -> None:
         """A message from the client connected as ``identity``, handled at ``now``."""

@@ -12,11 +12,13 @@ from prometheus_client import CollectorRegistry, disable_created_metrics, start_
 from tandem.broker.router import Router, RouterConfig
 from tandem.common.affinity import pin
 from tandem.common.fdlimit import raise_fd_limit
+from tandem.common.settings import Addresses
 
 log = logging.getLogger(__name__)
 
 
-def run_router(cfg: RouterConfig, stop: threading.Event | None = None) -> int:
+def run_router(cfg: RouterConfig, addresses: Addresses, stop: threading.Event | None = None) -> int:
+    """Run the router with ``cfg``, bound at ``addresses``, until ``stop`` (or a signal)."""
     stop = stop or threading.Event()
     pin(cfg.cpus)
     raise_fd_limit()  # each client and worker connection holds a descriptor
@@ -24,12 +26,12 @@ def run_router(cfg: RouterConfig, stop: threading.Event | None = None) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
     try:
-        router = Router(cfg)
+        router = Router(cfg, addresses)
     except zmq.ZMQError as exc:
         log.error(
             "cannot bind %s / %s: %s (is another router running?)",
-            cfg.addresses.client,
-            cfg.addresses.worker,
+            addresses.client,
+            addresses.worker,
             exc,
         )
         return 1

@@ -5,8 +5,10 @@ router decides is in ``RouterCore`` (broker/core.py), which knows no socket and 
 clock; this loop reads frames, decodes them behind one boundary (anything
 malformed becomes a refused frame the core answers, and nothing a peer sends may
 raise out of a turn), hands them to the core with the time, and sends what the
-core owes its peers at the end of each phase of a turn, one frame per peer
-(``_flush``): its cost is per frame. It also owns what is about time and threads:
+core owes its peers at the end of each phase of a turn through the core's one
+flush (``RouterCore.flush``, this loop its ``Peers``), one frame per peer: its
+cost is per frame. The addresses it binds are its own, not the core's config.
+It also owns what is about time and threads:
 the adaptive spin (broker/spin.py), gathering idle heartbeats, freezing the
 long-lived state out of the collector, and the pool that tokenizes large prompts
 beside the loop (broker/tokenize.py).
@@ -27,12 +29,12 @@ from tandem.broker.admission import WORKER_FRAME_BYTES
 from tandem.broker.config import RouterConfig
 from tandem.broker.core import RouterCore
 from tandem.broker.decisions import DecisionLog
-from tandem.broker.outgoing import Held
+from tandem.broker.outgoing import Held, Lost, Records
 from tandem.broker.spin import AdaptiveSpin
 from tandem.broker.tokenize import Tokenizing
 from tandem.common import auth
-from tandem.common import protocol as p
 from tandem.common.peerlimit import TRACKED, PeerLimit, drain
+from tandem.common.settings import Addresses
 from tandem.common.transport import RouterSocket, close_monitor, monitor_socket
 
 __all__ = ["Router", "RouterConfig"]
@@ -50,19 +52,20 @@ CLIENT_TURN_BYTES = 1 << 20
 
 
 class Router:
-    """The live router: ``RouterCore`` behind two bound sockets (``serve`` runs it)."""
+    """The live router: ``RouterCore`` behind two sockets bound at ``addresses``
+    (``serve`` runs it)."""
 
-    def __init__(self, cfg: RouterConfig) -> None:
+    def __init__(self, cfg: RouterConfig, addresses: Addresses) -> None:
         self.cfg = cfg
         adm = cfg.admission
         peers = PeerLimit(cfg.max_connections_per_address)
-        self.guard = auth.RouterGuard.start(cfg.keys, cfg.addresses, peers)
+        self.guard = auth.RouterGuard.start(cfg.keys, addresses, peers)
         self.peers = peers
         self.client_sock = RouterSocket(
-            cfg.addresses.client, adm.max_frame_bytes, self.guard.setup("clients")
+            addresses.client, adm.max_frame_bytes, self.guard.setup("clients")
         )
         self.worker_sock = RouterSocket(
-            cfg.addresses.worker, WORKER_FRAME_BYTES, self.guard.setup("workers")
+            addresses.worker, WORKER_FRAME_BYTES, self.guard.setup("workers")
         )
         # Connections opened and closed: liveness probes workers on a close; both
         # sockets' count per peer address (common/peerlimit.py).
@@ -72,7 +75,7 @@ class Router:
         self.core = RouterCore(cfg, offload=self.tokenizing, cost_clock=time.perf_counter,
                                wall_clock=time.time)  # fmt: skip
         peers.on_refused = self.core.metrics.on_connection_refused
-        self.decisions = DecisionLog(cfg.decision_log, time.time) if cfg.decision_log else None
+        self.decision_log = DecisionLog(cfg.decision_log, time.time) if cfg.decision_log else None
         self.spin = AdaptiveSpin(cfg.spin_us / 1e6)
 
     # ------------------------------------------------------------ loop
@@ -121,8 +124,8 @@ class Router:
         self.worker_sock.close()
         self.guard.stop()
         self.tokenizing.close()
-        if self.decisions:
-            self.decisions.close()
+        if self.decision_log:
+            self.decision_log.close()
 
     def _wait(self, poller: zmq.Poller) -> dict[Any, int]:
         """The sockets with input: polled without sleeping for the spin window
@@ -206,8 +209,8 @@ class Router:
         max_bytes: int = 1 << 62,
     ) -> bool:
         """Hand up to ``limit`` waiting frames (or until ``max_bytes`` are read) to the
-        core; True when the socket was emptied. From workers, a heartbeat byte for byte
-        the last is not decoded."""
+        core; True when the socket was emptied. A worker's frame goes to the core as it
+        came (``RouterCore.worker_frame``: a repeated heartbeat is not decoded)."""
         core, emptied, size = self.core, False, 0
         for _ in range(limit):
             parts = sock.recv_frames_nowait()
@@ -219,12 +222,10 @@ class Router:
             # bad frame as a ProtocolError, common/protocol.decode) and handling both
             # stand inside this one boundary.
             try:
-                if workers and len(parts) == 2 and core.repeated_heartbeat(parts[0], parts[1], now):
-                    continue
-                identity, msg = sock.parse(parts)
-                handler(identity, msg, now)
-                if workers and isinstance(msg, p.Heartbeat):
-                    core.heartbeat_bytes(identity, parts[1])
+                if workers and len(parts) == 2:
+                    core.worker_frame(parts[0], parts[1], now)
+                else:
+                    handler(*sock.parse(parts), now)
             except Exception:  # a bug must not take the router down with it
                 core.refusals.note("router failed handling a frame from %r", parts[0],
                                    exc_info=True)  # fmt: skip
@@ -239,43 +240,30 @@ class Router:
         return emptied or not sock.waiting()
 
     def dispatch_pending(self, limit: int | None = None) -> bool:
-        """Route waiting requests in order; True when ``limit`` routes left some behind."""
-        core = self.core
-        try:  # most turns: nothing waits, not even for a clock read
-            return bool(core.pending) and core.dispatch(time.monotonic(), limit)
-        finally:
-            self._flush()
+        """Route waiting requests in order, then flush; True when ``limit`` routes left
+        some behind."""
+        return self.core.route_and_flush(self, time.monotonic(), limit)
 
     def _flush(self) -> None:
-        """Send what the core owes its peers, one frame each (common/transport.py):
-        workers first, so that a request whose Assign did not leave is queued again
-        before its client is told it was accepted; what a departed client leaves
-        behind (Cancels to its workers) goes in the same flush."""
-        core, out = self.core, self.core.out
-        # A pass may leave more owed (a departed client's Cancels, a lost worker's
-        # failed requests); what is still owed after three goes with the next flush.
-        for _ in range(3):
-            if out.workers:  # most calls find nothing owed: no call then
-                for identity, lost in self._send(self.worker_sock, out.take_workers()):
-                    core.assigns_lost(identity, lost, time.monotonic())
-            if core.accepts:
-                core.release_accepts(time.monotonic())
-            if not out.clients:
-                break
-            for identity, lost in self._send(self.client_sock, out.take_clients()):
-                core.client_gone(identity, lost)
-            if not out.workers:
-                break
-        if out.decisions:
-            for _, record in out.take_decisions():
-                if self.decisions:
-                    self.decisions.write(record)
-        if core.settling:
-            core.settle()
+        """Send what the core owes its peers (``RouterCore.flush``, through this loop's
+        ``to_workers`` / ``to_clients``)."""
+        self.core.flush(self, time.monotonic())
+
+    # ------------------------------------------------------------ Peers (broker/outgoing.py)
+    def to_workers(self, held: Held, now: float) -> Lost:
+        return self._send(self.worker_sock, held)
+
+    def to_clients(self, held: Held, now: float) -> Lost:
+        return self._send(self.client_sock, held)
+
+    def write_decisions(self, records: Records, now: float) -> None:
+        if self.decision_log:
+            for _, record in records:
+                self.decision_log.write(record)
 
     @staticmethod
-    def _send(sock: RouterSocket, held: Held) -> list[tuple[bytes, list[p.Message]]]:
-        """Send ``held`` through ``sock``; the peers it could not reach, with what they
-        did not get."""
+    def _send(sock: RouterSocket, held: Held) -> Lost:
+        """Send ``held`` through ``sock``, one frame per peer (common/transport.py); the
+        peers it could not reach, with what they did not get."""
         sock.held = held
         return sock.flush()

@@ -116,7 +116,6 @@ def router(
 
     try:
         cfg = RouterConfig(
-            addresses=Addresses(client_addr, worker_addr),
             policy=policy,
             liveness_s=liveness_s,
             no_worker_wait_s=no_worker_wait_s,
@@ -139,7 +138,7 @@ def router(
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    sys.exit(run_router(cfg))
+    sys.exit(run_router(cfg, Addresses(client_addr, worker_addr)))
 
 
 def cache_memory_options(f: Any) -> Any:

@@ -78,7 +78,7 @@ def _run_router(client: str, worker: str, stop: Any) -> None:
         local.set()
 
     threading.Thread(target=relay_stop, daemon=True).start()
-    Router(RouterConfig(addresses=Addresses(client, worker))).serve(local)
+    Router(RouterConfig(), Addresses(client, worker)).serve(local)
 
 
 @contextmanager

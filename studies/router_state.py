@@ -3,8 +3,8 @@
 The core (broker/core.py) has no sockets: workers register and heartbeat as
 events, requests are assigned to them directly, and what is timed is one call of
 ``route`` (tokens, views, policy, the Assign built and owed). What it owes its
-peers is then discarded and its metrics hooks run, untimed, as the live loop
-runs them after its frames leave.
+peers then leaves through the core's one flush (``RouterCore.flush``), untimed,
+to peers that drop it; its metrics hooks run there, as in the live loop.
 """
 
 from __future__ import annotations
@@ -19,22 +19,21 @@ from studies.null_peers import tiny_spec
 from tandem.broker.config import RouterConfig
 from tandem.broker.core import RouterCore
 from tandem.broker.ledger import PromptBlocks
+from tandem.broker.outgoing import Kept
 from tandem.broker.requests import ClientRequest
 from tandem.common import protocol as p
 from tandem.common.blocks import block_hashes
-from tandem.common.settings import Addresses
 
 PROMPT_TOKENS = 512
 BLOCK = 16
 PREFIXES = [[(97 * i + 31 * k) % 997 + 1 for k in range(PROMPT_TOKENS)] for i in range(8)]
-UNBOUND = Addresses("inproc://bench-clients", "inproc://bench-workers")  # never bound
 
 
 def loaded_router(n_workers: int, rng: random.Random, inflight_each: int = 2) -> RouterCore:
     """A core with ``n_workers`` workers, each with ``inflight_each`` requests that its
     last heartbeat lists and the blocks of one of PREFIXES cached."""
     logging.getLogger("tandem.broker").setLevel(logging.WARNING)  # not a line per worker
-    core = RouterCore(RouterConfig(addresses=UNBOUND))
+    core = RouterCore(RouterConfig())
     spec, now = tiny_spec(), time.monotonic()
     for i in range(n_workers):
         prefill = rng.choice([200.0, 2500.0])
@@ -59,10 +58,7 @@ def loaded_router(n_workers: int, rng: random.Random, inflight_each: int = 2) ->
 
 def _discard(core: RouterCore) -> None:
     """Drop what the core owes its (absent) peers; run its metrics hooks."""
-    core.release_accepts(float("inf"))
-    core.out.take_workers()
-    core.out.take_clients()
-    core.settle()
+    core.flush(Kept(), float("inf"))
 
 
 def _route(core: RouterCore, rid: str, tokens: list[int]) -> ClientRequest:

@@ -73,7 +73,7 @@ class Harness:
         addrs = Addresses(f"inproc://c-{tag}", f"inproc://w-{tag}")
         cfg.setdefault("accept_hold_ms", 0.0)  # pumped by hand: no clock to wait on
         cfg.setdefault("decision_log", str(self.log_path))  # None: a router that logs none
-        self.router = Router(RouterConfig(addresses=addrs, policy=policy, **cfg))
+        self.router = Router(RouterConfig(policy=policy, **cfg), addrs)
         self.core = self.router.core
         self.client = DealerSocket(addrs.client)
         self.workers: dict[str, DealerSocket] = {}

@@ -8,7 +8,7 @@ decision records written:
 - ``live``: the router process's loop (broker/router.py) on inproc sockets, pumped
   by hand (tests.helpers.Harness); records from its ``--decision-log`` file;
 - ``core``: ``RouterCore`` alone, its events called directly on a clock that moves
-  a millisecond per event;
+  a millisecond per event, what it owes kept by ``Kept`` peers (broker/outgoing.py);
 - ``twin``: the twin's loop (twin/loop.py), its deliveries run on the twin's
   virtual clock (twin/world.py).
 """
@@ -21,8 +21,8 @@ from typing import Any, Protocol
 from tandem.bench.driver import RequestRecord
 from tandem.broker.config import RouterConfig
 from tandem.broker.core import RouterCore
+from tandem.broker.outgoing import Kept
 from tandem.common import protocol as p
-from tandem.common.settings import Addresses
 from tandem.twin.loop import TwinLoop
 from tandem.twin.world import World
 from tests.helpers import Harness, fake_ready, tiny_tokenizer
@@ -74,49 +74,37 @@ class LiveLink:
 
 class CoreLink:
     def __init__(self, tmp_path: Path, cfg: dict[str, Any]) -> None:
-        unbound = Addresses("inproc://replay-clients", "inproc://replay-workers")
-        self.core = RouterCore(RouterConfig(addresses=unbound, accept_hold_ms=0.0, **cfg))
+        self.core = RouterCore(RouterConfig(accept_hold_ms=0.0, **cfg))
         self.core.log_decisions = True
         self.now, self.spec = 0.0, tiny_tokenizer()
-        self.sent: list[tuple[str, p.Assign]] = []
-        self.records: list[dict[str, Any]] = []
+        self.peers = Kept()
 
     def _clock(self) -> float:
         self.now += 1e-3
         return self.now
 
     def start_worker(self, wid: str, rates: Rates, max_active: int) -> None:
-        self.core.worker(wid.encode(), fake_ready(wid, rates, max_active, self.spec), self._clock())
-        self._flush()
+        now = self._clock()
+        self.core.worker(wid.encode(), fake_ready(wid, rates, max_active, self.spec), now)
+        self.core.flush(self.peers, now)
 
     def submit(self, sub: p.Submit) -> None:
         now = self._clock()
         self.core.client(b"client", sub, now)
-        self.core.dispatch(now)
-        self._flush()
+        self.core.route_and_flush(self.peers, now)
 
     def from_worker(self, wid: str, msg: p.Message) -> None:
         now = self._clock()
         self.core.worker(wid.encode(), msg, now)
         self.core.drained()
-        self.core.dispatch(now)
-        self._flush()
-
-    def _flush(self) -> None:
-        out = self.core.out
-        for identity, msgs in out.take_workers().items():
-            self.sent += [(identity.decode(), m) for m in msgs if isinstance(m, p.Assign)]
-        self.core.release_accepts(self.now)
-        out.take_clients()
-        self.records += [record | {"time": now} for now, record in out.take_decisions()]
-        self.core.settle()
+        self.core.route_and_flush(self.peers, now)
 
     def assigned(self) -> list[tuple[str, p.Assign]]:
-        got, self.sent = self.sent, []
-        return got
+        sent, self.peers.workers = self.peers.workers, []
+        return [(peer.decode(), m) for peer, m in sent if isinstance(m, p.Assign)]
 
     def decisions(self) -> list[dict[str, Any]]:
-        return self.records
+        return [record | {"time": now} for now, record in self.peers.records]
 
     def close(self) -> None:
         pass
@@ -148,7 +136,8 @@ class TwinLink:
         self._at_next_ms(lambda: self.loop.submit(rec, tokens, budget, self.world.now))
 
     def from_worker(self, wid: str, msg: p.Message) -> None:
-        self._at_next_ms(lambda: self.loop.on_worker(wid, [msg], self.world.now))
+        frame = p.encode(msg)  # as the live link's socket carries it
+        self._at_next_ms(lambda: self.loop.on_worker(wid, [frame], self.world.now))
 
     def assigned(self) -> list[tuple[str, p.Assign]]:
         got, self.sent = self.sent, []

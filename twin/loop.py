@@ -3,11 +3,14 @@
 The twin has no router of its own: ``TwinLoop`` feeds the very ``RouterCore``
 the router process runs (broker/core.py) the events the live loop would
 (broker/router.py), with the world's time: a client's Submit, then a routing
-pass; the messages one worker emitted in one step, then the end of that drain
-and a routing pass (capacity may have freed). What the core owes a worker is
-delivered to it after the link's latency; what it owes the client becomes that
-request's bench ``RequestRecord`` (worker, token times, stats, errors), so the
-bench's statistics, reports and plots apply as is.
+pass; the frames one worker's link sent after one step (workers/frames.py, the
+encoder a real worker's I/O thread runs), read as the live loop reads them, then
+the end of that drain and a routing pass (capacity may have freed). What the core
+owes its peers leaves through the core's one flush (``RouterCore.flush``), this
+loop its ``Peers``: what a worker is owed is delivered to it after the link's
+latency; what the client is owed becomes that request's bench ``RequestRecord``
+(worker, token times, stats, errors), so the bench's statistics, reports and
+plots apply as is.
 
 Only the links differ from the live router: a worker's Welcome, Reregister or
 Error is the I/O thread's business (workers/io.py), not the engine's, and the
@@ -23,12 +26,11 @@ from typing import Any
 from tandem.bench.driver import RequestRecord
 from tandem.broker.config import RouterConfig
 from tandem.broker.core import RouterCore
+from tandem.broker.outgoing import Held, Lost, Records
 from tandem.common import protocol as p
-from tandem.common.settings import Addresses
 
 Send = Callable[[str, p.Message, float], None]  # (worker id, message, time)
 CLIENT = b"twin-client"  # the one client every twin request comes from
-UNBOUND = Addresses("inproc://twin-clients", "inproc://twin-workers")  # never bound
 _ENGINE_MESSAGES = (p.Assign, p.Cancel, p.ResyncCache)  # what a worker's engine reads
 
 
@@ -53,10 +55,8 @@ class TwinLoop:
     def __init__(
         self, policy: str, send: Send, calibrate: bool = True, decode_estimate: str = "budget"
     ) -> None:
-        cfg = RouterConfig(
-            addresses=UNBOUND, policy=policy, calibrate=calibrate,
-            decode_estimate=decode_estimate, accept_hold_ms=0.0,
-        )  # fmt: skip
+        cfg = RouterConfig(policy=policy, calibrate=calibrate, decode_estimate=decode_estimate,
+                           accept_hold_ms=0.0)  # fmt: skip
         self.core = RouterCore(cfg, tokenizer=IdsOnly(), epoch="twin")
         self.core.log_decisions = True  # records kept in memory (``decisions``), with their time
         self.send = send
@@ -67,7 +67,7 @@ class TwinLoop:
 
     def register(self, ready: p.Ready, now: float) -> None:
         self.core.worker(ready.worker_id.encode(), ready, now)
-        self._flush(now)
+        self.core.flush(self, now)
 
     def submit(
         self, rec: RequestRecord, tokens: list[int], max_tokens: int, now: float, **kw: Any
@@ -82,35 +82,33 @@ class TwinLoop:
         self.records[rec.request_id] = rec
         sub = p.Submit(rec.request_id, tokens=tokens, sampling=sampling, worker=pinned)
         self.core.client(CLIENT, sub, now)
-        self._turn(now)
+        self.core.route_and_flush(self, now)  # no limit per pass: its turns take no time
 
-    def on_worker(self, worker_id: str, msgs: list[p.Message], now: float) -> None:
-        """What a twin worker emitted in one step, delivered at ``now``."""
+    def on_worker(self, worker_id: str, frames: list[bytes], now: float) -> None:
+        """The frames a twin worker's link sent after one step (workers/frames.py),
+        delivered at ``now``: read as the live loop reads them (``worker_frame``)."""
         core, identity = self.core, worker_id.encode()
-        for msg in msgs:
-            core.worker(identity, msg, now)
+        for frame in frames:
+            core.worker_frame(identity, frame, now)
         core.drained()
-        self._turn(now)
+        core.route_and_flush(self, now)
 
-    def _turn(self, now: float) -> None:
-        if self.core.pending:
-            self.core.dispatch(now)  # no limit per pass: the twin's turns take no time
-        self._flush(now)
-
-    def _flush(self, now: float) -> None:
-        out = self.core.out
-        for identity, msgs in out.take_workers().items():
+    # ------------------------------------------------------------ Peers (broker/outgoing.py)
+    def to_workers(self, held: Held, now: float) -> Lost:
+        for identity, msgs in held.items():
             for msg in msgs:
                 if isinstance(msg, _ENGINE_MESSAGES):
                     self.send(identity.decode(), msg, now)
-        self.core.release_accepts(now)
-        for msgs in out.take_clients().values():
+        return []  # the twin's links lose nothing
+
+    def to_clients(self, held: Held, now: float) -> Lost:
+        for msgs in held.values():
             for msg in msgs:
                 self._to_client(msg, now)
-        for _, record in out.take_decisions():
-            if record["request"] not in self.pinned:
-                self.decisions.append(record | {"time": now})
-        self.core.settle()
+        return []
+
+    def write_decisions(self, records: Records, now: float) -> None:
+        self.decisions += [r | {"time": now} for _, r in records if r["request"] not in self.pinned]
 
     def _to_client(self, msg: p.Message, now: float) -> None:
         """What the client sees of its request, kept on its record."""

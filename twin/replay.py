@@ -95,8 +95,8 @@ def replay(
 
     router = TwinLoop(policy, to_worker, calibrate, decode_estimate)
 
-    def to_router(wid: str, msgs: list[p.Message]) -> None:
-        router.on_worker(wid, msgs, world.now)
+    def to_router(wid: str, frames: list[bytes]) -> None:
+        router.on_worker(wid, frames, world.now)
 
     def join(spec: TwinWorkerSpec) -> None:
         w = workers[spec.worker_id] = TwinWorker(

@@ -3,9 +3,10 @@
 A worker is the real ``Engine`` over a ``TwinDevice``. Its loop is the worker
 process's loop (workers/engine.py ``run``) cut into events: at a tick it
 drains its inbox, runs one step (the device moves the worker's clock by the
-step's cost) and heartbeats if due; what the engine emitted reaches the router
-when the step ends (plus ``latency_s``; heartbeats may be held back longer, to
-test stale views). A busy worker ticks again when its step ends; an idle one
+step's cost) and heartbeats if due; what the engine emitted leaves as the frames
+a worker's link sends (workers/frames.py, the encoder the I/O thread runs) and
+reaches the router when the step ends (plus ``latency_s``; heartbeats may be held
+back longer, to test stale views). A busy worker ticks again when its step ends; an idle one
 sleeps until a message arrives. Nothing sleeps and nothing opens a socket, so
 virtual hours replay in seconds.
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 from tandem.common import protocol as p
 from tandem.twin.device import Tail, twin_device
+from tandem.workers import frames
 from tandem.workers.device_model import SimProfile
 from tandem.workers.engine import Engine, EngineConfig
 
@@ -75,7 +77,7 @@ class TwinWorker:
         worker_id: str,
         profile: SimProfile,
         engine: EngineConfig,
-        deliver: Callable[[str, list[p.Message]], None],
+        deliver: Callable[[str, list[bytes]], None],  # (worker id, frames)
         links: Links,
         tail: Tail | None = None,
     ) -> None:
@@ -129,10 +131,12 @@ class TwinWorker:
             self._ticking = False
 
     def _flush(self) -> None:
+        """What the step emitted, as its link would frame it, on its way to the router."""
         if not self._out:
             return
-        beats = [m for m in self._out if isinstance(m, p.Heartbeat)]
-        rest = [m for m in self._out if not isinstance(m, p.Heartbeat)]
+        rest: list[bytes] = []
+        beats: list[bytes] = []
+        frames.encode(self._out, rest.append, beats.append)
         self._out.clear()
         t = self.now + self.links.latency_s
         if rest:

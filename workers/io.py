@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgpack
 import zmq
@@ -29,15 +29,13 @@ from tandem.common import protocol as p
 from tandem.common.refusals import RefusalLog
 from tandem.common.transport import DealerSocket, Setup, close_monitor, context, monitor_socket
 from tandem.workers.follow import RouterFile
+from tandem.workers.frames import HEARTBEAT, TOKENS, Frames, entry
 
 if TYPE_CHECKING:
     from tandem.workers.engine import Inbox
 
 log = logging.getLogger(__name__)
 
-_HB, _MSG, _TOK = b"hb", b"msg", b"tok"
-MAX_COALESCED = 1024  # token deltas per StepTokens frame (protocol bound: 4096)
-MAX_BATCH = 256  # entries per batch frame (protocol bound: 4096; each <= 64 KiB of tokens)
 READY_BACKOFF_MAX_S = 5.0
 WORKER_FRAME_BYTES = 64 << 20  # an Assign of the largest prompt fits with room
 # A wrong router key shows as NO_DETAIL (its hello cannot be decrypted), a key
@@ -90,12 +88,10 @@ class WorkerLink:
             push.setsockopt(zmq.LINGER, 0)
             push.setsockopt(zmq.SNDHWM, 0)  # unbounded: tokens are never dropped here
             push.connect(self._pipe_addr)
-        if isinstance(msg, p.TokenDelta):  # fields only: the I/O thread frames them
-            kind, body = _TOK, msgpack.packb(_delta_fields(msg))
-        elif isinstance(msg, p.Heartbeat):  # a frame of its own (repeated as it is)
-            kind, body = _HB, p.encode(msg)
-        else:  # an entry of the batch the I/O thread sends
-            kind, body = _MSG, p.batch_entry(msg)
+        # Sorted as the encoder takes it (workers/frames.py); the I/O thread frames it.
+        kind, body = entry(msg)
+        if kind == TOKENS:  # fields only, packed to cross the pipe
+            body = msgpack.packb(body)
         try:
             push.send_multipart([kind, body], flags=zmq.NOBLOCK)
         except zmq.Again:  # the I/O thread is gone (shutting down): nobody to tell
@@ -114,43 +110,16 @@ class WorkerLink:
         refused = monitor_socket(dealer.sock, _REFUSED)
         poller.register(refused, zmq.POLLIN)
         backoff_s, next_ready, next_follow = 0.25, 0.0, 0.0
-        last_hb: bytes | None = None
-        last_sent = last_heard = time.monotonic()  # heard: from the compute thread
-        stalled = False
-        hb_s = self.ready.heartbeat_s
+        vouch = Vouching(self.ready.heartbeat_s, self.stall_s, time.monotonic())
         try:
             while not stop.is_set():
                 now = time.monotonic()
                 if not self.registered.is_set() and now >= next_ready:
                     dealer.send(self.ready if self._send_spec else self._hash_only)
                     next_ready, backoff_s = now + backoff_s, min(backoff_s * 2, READY_BACKOFF_MAX_S)
-                events = dict(poller.poll(timeout=int(hb_s * 250)))
+                events = dict(poller.poll(timeout=int(vouch.hb_s * 250)))
                 if self._pull in events:
-                    # What waits together leaves as one frame (the router's cost is per
-                    # frame): token deltas as one StepTokens, the Dones and Errors after
-                    # them in order (a Done never overtakes its tokens); heartbeats alone.
-                    out = Outgoing(dealer)
-                    while True:
-                        try:
-                            kind, frame = self._pull.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        last_heard = time.monotonic()
-                        if stalled:
-                            log.warning("the compute thread is back")
-                            stalled = False
-                        if kind == _TOK:
-                            out.add_tokens(msgpack.unpackb(frame))
-                        elif kind == _MSG:
-                            out.add(frame)
-                        elif self.registered.is_set():  # a heartbeat, after what came before
-                            last_hb = frame
-                            out.send()
-                            dealer.sock.send(frame)
-                            last_sent = time.monotonic()
-                        else:
-                            last_hb = frame
-                    out.send()
+                    self._relay(dealer, vouch)
                 if dealer.sock in events:
                     while dealer.poll(0):
                         if self._receive(dealer):
@@ -163,19 +132,9 @@ class WorkerLink:
                     refused.recv_multipart()
                     log.error("router %s refused our handshake: wrong or missing keys "
                               "(--keys, docs/SECURITY.md)", self.router_addr)  # fmt: skip
-                now = time.monotonic()
-                if not stalled and now - last_heard > self.stall_s:
-                    log.error("the compute thread has been silent for %.0f s: stuck; no "
-                              "longer vouching for it", now - last_heard)  # fmt: skip
-                    stalled = True
-                if (
-                    last_hb is not None
-                    and self.registered.is_set()
-                    and not stalled
-                    and now - last_sent >= hb_s
-                ):
-                    dealer.sock.send(last_hb)  # compute thread is busy: repeat the latest state
-                    last_sent = now
+                beat = vouch.due(time.monotonic(), self.registered.is_set())
+                if beat is not None:  # the compute thread is busy: repeat the latest state
+                    dealer.sock.send(beat)
         finally:
             if self.registered.is_set():
                 dealer.send(p.Goodbye(self.ready.worker_id))
@@ -183,6 +142,25 @@ class WorkerLink:
             close_monitor(dealer.sock, refused)
             dealer.close()
             self._pull.close(linger=0)
+
+    def _relay(self, dealer: DealerSocket, vouch: Vouching) -> None:
+        """What the compute thread left in the pipe, sent as few frames (workers/frames.py:
+        the one encoder, which the twin's workers send through too)."""
+        out = Frames(dealer.sock.send)
+        while True:
+            try:
+                kind, frame = self._pull.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            now = time.monotonic()
+            vouch.heard(now)
+            if kind == HEARTBEAT:  # kept to repeat; sent once registered
+                vouch.last_hb = frame
+                if not self.registered.is_set():
+                    continue
+                vouch.sent_at = now
+            out.put(kind, msgpack.unpackb(frame) if kind == TOKENS else frame)
+        out.flush()
 
     def _follow(self, dealer: DealerSocket) -> bool:
         """The router moved (--router-file): connect there and register again at once.
@@ -248,74 +226,33 @@ class WorkerLink:
         return False
 
 
-class Outgoing:
-    """What the I/O thread found waiting, in order, until ``send`` makes it one frame:
-    token deltas alone as a TokenDelta or StepTokens; with anything else as a batch
-    whose entries keep the order (consecutive deltas as one StepTokens entry)."""
+class Vouching:
+    """The latest heartbeat, repeated every ``hb_s`` while the compute thread is busy
+    in a long step, but only for ``stall_s`` of its silence: a compute thread silent
+    that long is stuck, and the router must be let to expire the worker."""
 
-    def __init__(self, dealer: DealerSocket) -> None:
-        self.dealer = dealer
-        self.entries: list[bytes] = []  # packed by protocol.batch_entry
-        self.deltas: list[Delta] = []
+    def __init__(self, hb_s: float, stall_s: float, now: float) -> None:
+        self.hb_s, self.stall_s = hb_s, stall_s
+        self.last_hb: bytes | None = None
+        self.sent_at = self.heard_at = now  # heard: from the compute thread
+        self.stalled = False
 
-    def add_tokens(self, delta: Delta) -> None:
-        self.deltas.append(delta)
-        if len(self.deltas) >= MAX_COALESCED:
-            self._close_deltas()
+    def heard(self, now: float) -> None:
+        self.heard_at = now
+        if self.stalled:
+            log.warning("the compute thread is back")
+            self.stalled = False
 
-    def add(self, entry: bytes) -> None:
-        self._close_deltas()
-        self.entries.append(entry)
-        if len(self.entries) >= MAX_BATCH:
-            self.send()
-
-    def _close_deltas(self) -> None:
-        if self.deltas:
-            self.entries.append(p.batch_entry(token_frame(self.deltas)))
-            self.deltas = []
-
-    def send(self) -> None:
-        if self.deltas and not self.entries:  # tokens only: the plain token frame
-            self.dealer.send(token_frame(self.deltas))
-            self.deltas = []
-            return
-        self._close_deltas()
-        if self.entries:
-            self.dealer.sock.send(p.join_batch(self.entries))
-            self.entries = []
-
-
-# A token delta between the threads: (request id, token ids, text), and its logprobs
-# as plain tuples (id, token, logprob, top) when the request asked for them.
-Delta = tuple[str, list[int], str] | tuple[str, list[int], str, list[list[Any]]]
-
-
-def _delta_fields(msg: p.TokenDelta) -> Delta:
-    if msg.logprobs is None:
-        return msg.request_id, msg.token_ids, msg.text
-    lps = [[e.id, e.token, e.logprob, e.top] for e in msg.logprobs]
-    return msg.request_id, msg.token_ids, msg.text, lps
-
-
-def _logprobs(delta: Delta) -> list[p.TokenLogprob] | None:
-    if len(delta) < 4:
-        return None
-    return [
-        p.TokenLogprob(id=i, token=t, logprob=v, top=[tuple(x) for x in top])
-        for i, t, v, top in delta[3]
-    ]
-
-
-def token_frame(deltas: list[Delta]) -> p.TokenDelta | p.StepTokens:
-    """One frame for ``deltas`` (request id, token ids, text[, logprobs]), in order: a
-    TokenDelta when there is one, else a StepTokens (its logprobs None when no delta
-    has any)."""
-    lps = [_logprobs(d) for d in deltas]
-    if len(deltas) == 1:
-        return p.TokenDelta(*deltas[0][:3], logprobs=lps[0])
-    rids, ids, texts = (list(x) for x in zip(*(d[:3] for d in deltas), strict=True))
-    asked = any(lp is not None for lp in lps)
-    return p.StepTokens(rids, ids, texts, logprobs=lps if asked else None)
+    def due(self, now: float, registered: bool) -> bytes | None:
+        """The heartbeat to repeat now, if one is due."""
+        if not self.stalled and now - self.heard_at > self.stall_s:
+            log.error("the compute thread has been silent for %.0f s: stuck; no longer "
+                      "vouching for it", now - self.heard_at)  # fmt: skip
+            self.stalled = True
+        if self.last_hb is None or not registered or self.stalled or now - self.sent_at < self.hb_s:
+            return None
+        self.sent_at = now
+        return self.last_hb
 
 
 def start_link(link: WorkerLink, stop: threading.Event) -> threading.Thread:

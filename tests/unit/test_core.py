@@ -14,24 +14,23 @@ from typing import Any
 
 from tandem.broker.config import RouterConfig
 from tandem.broker.core import RouterCore
+from tandem.broker.outgoing import Kept
 from tandem.common import protocol as p
-from tandem.common.settings import Addresses
 from tests.helpers import fake_ready, tiny_tokenizer
 
 BROKER = Path(__file__).resolve().parents[2] / "broker"
 CORE_MODULES = ("core.py", "state.py", "membership.py", "routing.py", "outgoing.py", "starting.py")
-UNBOUND = Addresses("inproc://core-clients", "inproc://core-workers")
 
 
 def core(**cfg: Any) -> RouterCore:
-    return RouterCore(RouterConfig(addresses=UNBOUND, accept_hold_ms=0.0, **cfg))
+    return RouterCore(RouterConfig(accept_hold_ms=0.0, **cfg))
 
 
 def sent(c: RouterCore) -> list[tuple[bytes, p.Message]]:
     """What the core owes, as (peer, message) pairs, workers' first."""
-    c.release_accepts(float("inf"))
-    held = [*c.out.take_workers().items(), *c.out.take_clients().items()]
-    return [(peer, msg) for peer, msgs in held for msg in msgs]
+    kept = Kept()
+    c.flush(kept, float("inf"))
+    return kept.workers + kept.clients
 
 
 def test_a_request_waits_for_a_first_worker_until_its_deadline_on_the_events_clock() -> None:

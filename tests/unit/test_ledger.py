@@ -18,7 +18,6 @@ from tandem.broker.policies import Load, WorkerView
 from tandem.broker.router import RouterConfig
 from tandem.common import protocol as p
 from tandem.common.blocks import block_hashes
-from tandem.common.settings import Addresses
 from tests.helpers import Harness
 
 FAST = (2551.0, [293.0, 533.0, 732.0, 902.0])
@@ -160,7 +159,7 @@ def test_router_options_reach_log_and_status(make: Callable[..., Harness]) -> No
     assert isinstance(status, p.StatusReply)
     assert status.workers[0]["priced_decode_tok_s"] == [50.0, 80.0, 80.0, 80.0]  # a plateau
     with pytest.raises(ValueError):
-        RouterConfig(addresses=Addresses("inproc://x", "inproc://y"), decode_estimate="guess")
+        RouterConfig(decode_estimate="guess")
 
 
 # ------------------------------------------------------------ calibration

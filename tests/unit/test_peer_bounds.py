@@ -89,7 +89,7 @@ def test_connections_per_address_are_capped_and_refusals_counted_and_logged_once
 ) -> None:
     cap = 3
     addrs = Addresses("tcp://127.0.0.1:0", "tcp://localhost:0")
-    router = Router(RouterConfig(addresses=addrs, max_connections_per_address=cap))
+    router = Router(RouterConfig(max_connections_per_address=cap), addrs)
     stop = threading.Event()
     loop = threading.Thread(target=router.serve, args=(stop,), daemon=True)
     loop.start()

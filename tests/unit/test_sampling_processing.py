@@ -146,11 +146,11 @@ def test_logprobs_cross_the_io_thread_aligned_in_one_step_frame() -> None:
     belongs to request i; a frame where nobody asked carries none."""
     import msgpack
 
-    from tandem.workers.io import _delta_fields, token_frame
+    from tandem.workers.frames import delta_fields, token_frame
 
     lp = p.TokenLogprob(id=5, token="a", logprob=-0.25, top=[(5, "a", -0.25), (6, "b", -1.5)])
     sent = [p.TokenDelta("r1", [5], "a", logprobs=[lp]), p.TokenDelta("r2", [9], "z")]
-    through = [msgpack.unpackb(msgpack.packb(_delta_fields(d))) for d in sent]
+    through = [msgpack.unpackb(msgpack.packb(delta_fields(d))) for d in sent]
     frame = token_frame(through)
     assert isinstance(frame, p.StepTokens) and frame.logprobs == [[lp], None]
     assert frame.deltas() == sent
