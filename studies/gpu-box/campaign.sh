@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU-box measurement campaign, in stages, inside one device call's time budget.
-#   bash deploy/gpu-box/run.sh bash deploy/gpu-box/campaign.sh profile knobs sweep onoff
-#   bash deploy/gpu-box/run.sh bash deploy/gpu-box/campaign.sh poisson seed48 seed8
+#   bash deploy/gpu-box/run.sh bash studies/gpu-box/campaign.sh profile knobs sweep onoff
+#   bash deploy/gpu-box/run.sh bash studies/gpu-box/campaign.sh poisson seed48 seed8
 # Results go to $OUT/h200/ and are packed into $OUT/h200-<stages>.tgz at the end (a
 # device call returns few files). BUDGET_S bounds the whole call; each stage also
 # has its own cap, and one that would start with < 20 s left is skipped (the bench
@@ -53,8 +53,8 @@ stage() {  # stage NAME CAP_S CMD...: run CMD for at most CAP_S (and what is lef
   return "$rc"
 }
 
-# shellcheck source=deploy/gpu-box/engines.sh
-. "$root/deploy/gpu-box/engines.sh"
+# shellcheck source=studies/gpu-box/engines.sh
+. "$root/studies/gpu-box/engines.sh"
 
 profile_gpu() {  # profile_gpu NAME [--no-save]
   stage "$1" 240 $PY -m tandem profile --backend mlx --device gpu --max-active 16 --json "${@:2}"
@@ -82,7 +82,7 @@ for s in "$@"; do
       profile_gpu profile-gpu ;;
     knobs)  # MLX's CUDA graphs on (its default) or off: decode shapes change every step
       MLX_USE_CUDA_GRAPHS=0 profile_gpu profile-gpu-graphs0 --no-save
-      if $PY deploy/gpu-box/pick_knob.py "$out/profile-gpu.log" "$out/profile-gpu-graphs0.log" \
+      if $PY studies/gpu-box/pick_knob.py "$out/profile-gpu.log" "$out/profile-gpu-graphs0.log" \
            > "$out/knobs.txt" 2>&1; then
         echo "MLX_USE_CUDA_GRAPHS=0" > "$envfile"
         export MLX_USE_CUDA_GRAPHS=0
@@ -194,6 +194,15 @@ for s in "$@"; do
       cp "$out/serve.json" "$OUT/$s.json" 2>/dev/null
       $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); print({k: v for k, v in d.items() if k != "runs"})' \
         "$out/serve.json" | tee -a "$out/stages.txt" ;;
+    held:*)  # held:DEVICE:HELD:BATCHES (studies/held_cells.py): llama.cpp's decode step
+      # with HELD cells (a comma list) of other sequences in its pool, on the CPU
+      # worker's cores (cpu, ENG_THREADS threads) or the llama.cpp GPU worker's (gpu)
+      IFS=: read -r _ hdev hheld hbatch <<< "$s"
+      if [ "$hdev" = cpu ]; then hpin=0-9 hth=$ENG_THREADS hunit=1024; else hpin=12 hth=1 hunit=2048; fi
+      stage "held-$hdev" "${HELD_CAP:-200}" taskset -c "$hpin" $PY studies/held_cells.py \
+         --device "$hdev" --threads "$hth" --held "$hheld" --batches "$hbatch" --unit "$hunit" \
+         --rounds "${HELD_ROUNDS:-3}" --out "$out/held-$hdev.json"
+      tail -n 30 "$out/held-$hdev.log" | tee -a "$out/stages.txt" ;;
     engines:*) engines "$s" ;;  # engines:MODEL:WORKERS:GPU_MAX:BURSTS[:CAP_S] (engines.sh)
     *) echo "unknown stage $s" >&2 ;;
   esac

@@ -90,7 +90,7 @@ engines() {  # engines engines:MODEL:WORKERS:GPU_MAX:BURSTS[:CAP_S]
     --sweep-max-active "$sweep" $pinning --reuse-workers \
     "${pol[@]}" --runs "${RUNSP:-3}" --rates advertised --no-progress --out "$out/$name"
   if [ -f "$out/$name/result.json" ]; then
-    $PY "$root/deploy/gpu-box/study.py" summary "$out/$name/result.json" 2>&1 \
+    $PY "$root/studies/gpu-box/study.py" summary "$out/$name/result.json" 2>&1 \
       | tee -a "$out/stages.txt"
   fi
 }
