@@ -38,12 +38,12 @@ def frontier(doc: dict[str, Any], label: str, slow: str, fast: str) -> list[str]
     from tandem.bench.calibrate import group_served
     from tandem.bench.spec import parse_worker
     from tandem.bench.workload import PromptBook, Workload
-    from tandem.twin.device import TwinDevice
+    from tandem.twin import device as twin_device
     from tandem.twin.oracle import served_devices
     from tandem.twin.replay import replay
 
     group = next(g for g in doc["groups"] if g["label"] == label)
-    TwinDevice.vocab_size = max(getattr(TwinDevice, "vocab_size", 0), 1 << 31)  # as study.py
+    twin_device.VOCAB_SIZE = max(twin_device.VOCAB_SIZE, 1 << 31)  # as study.py twin_rows
     wl = Workload.from_json(group["workload"])
     book = PromptBook(_encoder(doc, None), wl)
     active = {w["id"]: parse_worker(w["spec"], set()).max_active or group["max_active"]

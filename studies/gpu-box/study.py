@@ -178,7 +178,7 @@ def twin_rows(doc: dict[str, Any], group: dict[str, Any], tokenizer: str | None)
     from tandem.bench.calibrate import group_served
     from tandem.bench.spec import parse_worker
     from tandem.bench.workload import PromptBook, Workload
-    from tandem.twin.device import TwinDevice
+    from tandem.twin import device as twin_device
     from tandem.twin.oracle import run_placement, served_devices
     from tandem.twin.replay import replay
 
@@ -187,7 +187,7 @@ def twin_rows(doc: dict[str, Any], group: dict[str, Any], tokenizer: str | None)
         return []
     # The twin's devices take the embedded model's vocabulary; a shaped model's prompts
     # (Qwen's 151,936 ids) would be refused. Ids only decide prefix-cache hits here.
-    TwinDevice.vocab_size = max(TwinDevice.vocab_size, 1 << 31)
+    twin_device.VOCAB_SIZE = max(twin_device.VOCAB_SIZE, 1 << 31)
     wl = Workload.from_json(group["workload"])
     book = PromptBook(_encoder(doc, tokenizer), wl)
     active = {w["id"]: parse_worker(w["spec"], set()).max_active or group["max_active"]
