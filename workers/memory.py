@@ -183,7 +183,7 @@ def parse_bytes(text: str) -> int:
 # request: on the H200 (studies/held_cells.py, docs/results/h200/prices-hold/), a
 # SmolLM2 decode step after 512-token rows took 3.1-3.5x as long with 262,144 cells held
 # (the GPU default before) as with none, +22-27 % with 16,384, and on its 10-thread CPU
-# +6-48 % with 4,096 (the CPU default before): what reused workers' warm caches cost,
+# +6-79 % with 4,096 (the CPU default before): what reused workers' warm caches cost,
 # and what start-up prices, measured in an empty pool, missed. The host tier keeps what
 # leaves the device, and a hit there is a copy (on a CPU 2,000-6,600x faster than a prefill).
 LLAMA_CPU_DEVICE_TOKENS = 1024  # llama.cpp on a CPU: see ``plan``
