@@ -28,10 +28,11 @@
 # each policy's makespan and TTFT, and every worker's advertised / served rates.
 
 ENG_THREADS=${ENG_THREADS:-10}
-# Both GPU engines share one GPU, and each would size its prefix cache from the GPU's
-# free memory (workers/memory.py: 0.8 of it; llama.cpp allocates its KV at start): a
-# fixed device tier instead, room for 25 of the seed preset's 644-token requests.
-GPU_CACHE=${GPU_CACHE:-16384}
+# Both GPU engines share one GPU, and MLX would size its prefix cache from the GPU's
+# free memory (workers/memory.py: 0.8 of it): a fixed device tier instead, llama.cpp's
+# GPU default (every cell its pool holds slows its decode steps), room for 12 of the
+# seed preset's 644-token requests. Until issue 43's second session: 16,384.
+GPU_CACHE=${GPU_CACHE:-8192}
 
 default_policy() {
   $PY -c 'from tandem.broker.policies import DEFAULT_POLICY as d; print(d)' 2>/dev/null \
