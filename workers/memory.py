@@ -178,11 +178,16 @@ def parse_bytes(text: str) -> int:
     return int(float(m.group(1)) * scale)
 
 
-LLAMA_CPU_DEVICE_TOKENS = 4096  # llama.cpp on a CPU: see ``plan``
-# llama.cpp on a GPU, by default: it allocates its whole pool at start and holds at most
-# LLAMA_MAX_SEQ less max_active + 1 entries (~240), so a pool sized from an H200's free
-# memory (~4.9 M SmolLM2 tokens, 112 GiB) would be allocated for entries it cannot keep.
-LLAMA_GPU_DEVICE_TOKENS = 262_144
+# llama.cpp's device tiers by default. Every decode step computes attention over every
+# cell its unified pool holds (masked), so a full prefix cache slows every step of every
+# request: on the H200 (studies/held_cells.py, docs/results/h200/prices-hold/), a
+# SmolLM2 decode step after 512-token rows took 3.1-3.5x as long with 262,144 cells held
+# (the GPU default before) as with none, +22-27 % with 16,384, and on its 10-thread CPU
+# +6-79 % with 4,096 (the CPU default before): what reused workers' warm caches cost,
+# and what start-up prices, measured in an empty pool, missed. The host tier keeps what
+# leaves the device, and a hit there is a copy (on a CPU 2,000-6,600x faster than a prefill).
+LLAMA_CPU_DEVICE_TOKENS = 1024  # llama.cpp on a CPU: see ``plan``
+LLAMA_GPU_DEVICE_TOKENS = 8192  # full, +15-20 % a step on the H200 (4,096: +5-9 %)
 LLAMA_MAX_SEQ = 256  # llama.cpp refuses a context with more sequences (measured, 0.3.36)
 
 
@@ -238,8 +243,7 @@ def plan(
     a GPU). A CPU's default is capped at CPU_DEVICE_CAP_BYTES; llama.cpp on a CPU
     keeps LLAMA_CPU_DEVICE_TOKENS by default: it allocates its whole pool at start,
     and every cell the pool holds is attended over (masked) by every decode step
-    (4,096 held cells made a SmolLM2 decode step +27-29 % at the median here,
-    docs/results/prefix-cache-memory.md), while its host tier holds the rest at no decode
+    (see LLAMA_CPU_DEVICE_TOKENS), while its host tier holds the rest at no decode
     cost and restores 2,000-6,600x faster than it prefills.
     Host tier (llama.cpp, and MLX on a CUDA GPU): ``host_cache_mem``
     bytes, else ``host_cache_mem_frac`` (default HOST_FRAC, capped at HOST_CAP_BYTES).

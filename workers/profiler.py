@@ -193,6 +193,7 @@ def warm_up(
     budget_s: float | None = None,
     deadline_s: float | None = None,
     prefill_probe: bool = True,
+    primer: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> WarmUp:
     """Run the shapes serving meets first and measure them, before the worker registers.
@@ -214,10 +215,16 @@ def warm_up(
     pass starts no batch size past it), ``deadline_s`` (it gives up a batch size
     still running then: on a machine too busy, a few steps can take many seconds),
     no ``prefill_probe`` (the decode context's
-    own prefill chunks give the prefill rate), a short ``context``. ``progress(done,
-    total)`` is called after each stage (the prefill, each batch size).
+    own prefill chunks give the prefill rate), a short ``context``. ``primer``: one
+    untimed prompt chunk and decode step first, in an engine of its own, where a
+    ``compile_pass`` is not run: a GPU's first call of a process pays its one-time
+    set-up (the H200's llama.cpp GPU worker priced its prefill from such a first
+    chunk at 0.68-0.79 of what it then served). ``progress(done, total)`` is called
+    after each stage (the prefill, each batch size).
     """
     t0 = clock()
+    if primer and not compile_pass:
+        _prime(backend, step_tokens, clock)
     context = max(2, min(context, backend.n_ctx // max(1, max_active) - measure_steps - 64))
     sizes = batch_ladder(max_active)
     # Decode prompts share one cached prefix (the prefix cache, as serving reuses it),
@@ -262,6 +269,15 @@ def warm_up(
     assert engine is not None
     engine.timer.stop()
     return WarmUp(clock() - t0, engine.timer.stats, context)
+
+
+def _prime(backend: EngineBackend, step_tokens: int, clock: Callable[[], float]) -> None:
+    """One prompt chunk and one decode step, untimed: the process's first calls."""
+    engine, _ = _engine(backend, 1, step_tokens, clock)
+    n = max(1, min(step_tokens, backend.n_ctx - 2))
+    prompt = _prompt(random.Random(1), n, backend.vocab_size)
+    engine.submit(Request("warm-primer", prompt, SamplingParams(max_tokens=2, ignore_eos=True)))
+    _drain(engine)
 
 
 def _forget_above(stats: StepStats, measured: int) -> None:

@@ -10,9 +10,10 @@ live step model, fed by the steps it serves, takes over:
 - a stored profile (``tandem profile``): registers at once;
 - neither: a quick measurement, ``QUICK_STEPS`` decode steps at each batch size
   of the ladder after a ``QUICK_CONTEXT``-token prompt, the decode context's own
-  prefill giving the prefill rate, no batch size started past ``QUICK_BUDGET_S``
-  and none left running past ``QUICK_DEADLINE_S`` (a busy machine once took 15 s
-  for the prompt and batch 1 alone).
+  prefill giving the prefill rate (a GPU, where that costs milliseconds: the full
+  warm-up's shape after an untimed primer, ``quick_shape``), no batch size started
+  past ``QUICK_BUDGET_S`` and none left running past ``QUICK_DEADLINE_S`` (a busy
+  machine once took 15 s for the prompt and batch 1 alone).
   It is judged before it is advertised (``workers.sanity``), and its steps are
   not handed to the serving engine: the live model holds served steps only, so
   the router can tell the two apart and check one against the other.
@@ -40,7 +41,7 @@ from typing import Any, TextIO
 
 from tandem.workers.config import WorkerConfig
 from tandem.workers.engine import Backend
-from tandem.workers.profiler import WarmUp, warm_up
+from tandem.workers.profiler import WARMUP_CONTEXT, WARMUP_STEPS, WarmUp, warm_up
 from tandem.workers.profiles import keep_start_rates
 from tandem.workers.rates import rates, told_rates
 
@@ -95,6 +96,23 @@ class Eta:
         return None if pace is None else max(0.0, pace)
 
 
+def quick_shape(device: str) -> dict[str, Any]:
+    """What a quick measurement runs on ``device`` (``warm_up``'s keywords).
+
+    A CPU: ``QUICK_STEPS`` decode steps after ``QUICK_CONTEXT`` tokens, its prefill
+    priced from that context's own chunk (seconds matter: a 2-core machine prefills
+    ~200 tok/s). A GPU prices a 512-token context in milliseconds, so it measures the
+    full warm-up's shape (``WARMUP_CONTEXT``, ``WARMUP_STEPS``, a prefill probe of a
+    full chunk), after an untimed primer: on the H200 the quick shape priced
+    llama.cpp's GPU prefill at 0.68-0.79 of what it served, from one chunk that was
+    the process's first GPU work, and its decode after 256 tokens where serving's
+    rows held 516+."""
+    if device.startswith("gpu"):
+        return {"context": WARMUP_CONTEXT, "measure_steps": WARMUP_STEPS,
+                "prefill_probe": True, "primer": True}  # fmt: skip
+    return {"context": QUICK_CONTEXT, "measure_steps": QUICK_STEPS, "prefill_probe": False}
+
+
 def start_prices(
     cfg: WorkerConfig,
     backend: Backend,
@@ -127,9 +145,9 @@ def start_prices(
         else:
             log.info("measuring %s quickly (at most ~%.0f s)", backend.device, QUICK_BUDGET_S)
             warm = warm_up(
-                backend, engine.max_active, engine.step_tokens, context=QUICK_CONTEXT,
-                measure_steps=QUICK_STEPS, compile_pass=False, budget_s=QUICK_BUDGET_S,
-                deadline_s=QUICK_DEADLINE_S, prefill_probe=False, progress=stage,
+                backend, engine.max_active, engine.step_tokens, compile_pass=False,
+                budget_s=QUICK_BUDGET_S, deadline_s=QUICK_DEADLINE_S, progress=stage,
+                **quick_shape(backend.device),
             )  # fmt: skip
         log.info("measured %s in %.2f s", backend.device, warm.seconds)
     prefill, decode = rates(cfg, backend, warm)

@@ -59,7 +59,7 @@ if [ ! -d "$MLX_PTX_CACHE_DIR" ]; then
   if [ -n "$ptx" ]; then cp -r "$ptx"/. "$MLX_PTX_CACHE_DIR"/; fi
 fi
 vocab=$(find "$staged" -type d -name vocab | head -1)
-if [ -n "$vocab" ]; then  # staged tokenizer vocabularies (bench/vocab_files.py)
+if [ -n "$vocab" ]; then  # staged tokenizer vocabularies (studies/models/vocab_files.py)
   mkdir -p "$TANDEM_CACHE_DIR/vocab"
   for f in "$vocab"/*.gguf; do  # kept from an earlier call while the box stays warm
     [ -e "$TANDEM_CACHE_DIR/vocab/${f##*/}" ] || cp "$f" "$TANDEM_CACHE_DIR/vocab/"

@@ -39,5 +39,5 @@ fi
 model=$("$py" -c 'from tandem.common.model_files import default_model_path; print(default_model_path())')
 cp "$model" "$stage/models/"
 # Qwen2's tokenizer for the shaped Qwen2.5 models (the box cannot fetch it).
-cp "$("$py" -m tandem.bench.vocab_files qwen2)" "$stage/vocab/"
+cp "$(cd "$root" && "$py" -m studies.models.vocab_files qwen2)" "$stage/vocab/"
 du -sh "$stage"/* >&2

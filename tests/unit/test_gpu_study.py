@@ -1,4 +1,4 @@
-"""deploy/gpu-box/study.py: a campaign's results as a study's tables — the default's
+"""studies/gpu-box/study.py: a campaign's results as a study's tables — the default's
 win/tie/loss against each fixed policy (a tie within the spread), and each worker's
 advertised against served rates per batch size, on a partial (cut) result too."""
 
@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("study", ROOT / "deploy/gpu-box/study.py")
+_spec = importlib.util.spec_from_file_location("study", ROOT / "studies/gpu-box/study.py")
 study = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(study)
 

@@ -243,3 +243,42 @@ def test_tandem_status_stars_a_provisional_worker_and_says_why() -> None:
     assert "cpu0*" in text and "cpu1*" not in text
     assert "* cpu0: provisional: priced on start-up rates" in text
     assert "0 served decode steps so far" in text
+
+
+class ColdFirstCall(TwinDevice):
+    """A GPU whose first call of the process pays a one-time set-up (kernels loaded,
+    handles made), as a CUDA worker's first llama_decode does."""
+
+    device = "gpu-cuda"
+    SETUP_S = 0.05
+
+    def advance(self, cost_s: float) -> None:
+        first, self.first = getattr(self, "first", True), False
+        super().advance(cost_s + (self.SETUP_S if first else 0.0))
+
+
+def test_a_gpus_quick_measurement_primes_first_and_measures_serving_shapes() -> None:
+    from tandem.workers.profiler import WARMUP_CONTEXT
+    from tandem.workers.startup import QUICK_CONTEXT, quick_shape
+
+    assert (
+        quick_shape("cpu")["context"] == QUICK_CONTEXT and not quick_shape("cpu")["prefill_probe"]
+    )
+    gpu = quick_shape("gpu-cuda")
+    assert gpu["context"] == WARMUP_CONTEXT and gpu["primer"] and gpu["prefill_probe"]
+    profile = SimProfile.load("h200-gpu")
+
+    class Clock:
+        now = 0.0
+
+    def measured_prefill(shape: dict[str, Any]) -> float:
+        owner = Clock()
+        device = ColdFirstCall(profile, owner)
+        warm = warm_up(device, 16, 256, compile_pass=False, clock=lambda: owner.now, **shape)
+        rate = warm.stats.model().prefill_rate_at(256)  # what pricing reads (a full chunk)
+        assert rate is not None
+        return rate
+
+    primed, cpu_shape = measured_prefill(gpu), measured_prefill(quick_shape("cpu"))
+    assert primed == pytest.approx(profile.prefill_tok_s, rel=0.05)
+    assert cpu_shape < 0.5 * primed  # one chunk, the process's first: the set-up priced in

@@ -28,10 +28,11 @@
 # each policy's makespan and TTFT, and every worker's advertised / served rates.
 
 ENG_THREADS=${ENG_THREADS:-10}
-# Both GPU engines share one GPU, and each would size its prefix cache from the GPU's
-# free memory (workers/memory.py: 0.8 of it; llama.cpp allocates its KV at start): a
-# fixed device tier instead, room for 25 of the seed preset's 644-token requests.
-GPU_CACHE=${GPU_CACHE:-16384}
+# Both GPU engines share one GPU, and MLX would size its prefix cache from the GPU's
+# free memory (workers/memory.py: 0.8 of it): a fixed device tier instead, llama.cpp's
+# GPU default (every cell its pool holds slows its decode steps), room for 12 of the
+# seed preset's 644-token requests. Until issue 43's second session: 16,384.
+GPU_CACHE=${GPU_CACHE:-8192}
 
 default_policy() {
   $PY -c 'from tandem.broker.policies import DEFAULT_POLICY as d; print(d)' 2>/dev/null \
@@ -43,7 +44,7 @@ shaped() {  # shaped SHAPE: sets $model_path to its GGUF, written once per warm 
   [ -f "$model_path" ] && return 0
   mkdir -p "$TANDEM_CACHE_DIR"
   # Written beside, then moved: a write cut by its cap leaves no half model behind.
-  if stage "write-$1" "$2" $PY -m tandem.bench.shaped_model "$1" "$model_path.tmp" \
+  if stage "write-$1" "$2" $PY -m studies.models.shaped_model "$1" "$model_path.tmp" \
        --vocab qwen2; then
     mv "$model_path.tmp" "$model_path"
   else
@@ -90,7 +91,7 @@ engines() {  # engines engines:MODEL:WORKERS:GPU_MAX:BURSTS[:CAP_S]
     --sweep-max-active "$sweep" $pinning --reuse-workers \
     "${pol[@]}" --runs "${RUNSP:-3}" --rates advertised --no-progress --out "$out/$name"
   if [ -f "$out/$name/result.json" ]; then
-    $PY "$root/deploy/gpu-box/study.py" summary "$out/$name/result.json" 2>&1 \
+    $PY "$root/studies/gpu-box/study.py" summary "$out/$name/result.json" 2>&1 \
       | tee -a "$out/stages.txt"
   fi
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU-box measurement campaign, in stages, inside one device call's time budget.
-#   bash deploy/gpu-box/run.sh bash deploy/gpu-box/campaign.sh profile knobs sweep onoff
-#   bash deploy/gpu-box/run.sh bash deploy/gpu-box/campaign.sh poisson seed48 seed8
+#   bash deploy/gpu-box/run.sh bash studies/gpu-box/campaign.sh profile knobs sweep onoff
+#   bash deploy/gpu-box/run.sh bash studies/gpu-box/campaign.sh poisson seed48 seed8
 # Results go to $OUT/h200/ and are packed into $OUT/h200-<stages>.tgz at the end (a
 # device call returns few files). BUDGET_S bounds the whole call; each stage also
 # has its own cap, and one that would start with < 20 s left is skipped (the bench
@@ -53,8 +53,8 @@ stage() {  # stage NAME CAP_S CMD...: run CMD for at most CAP_S (and what is lef
   return "$rc"
 }
 
-# shellcheck source=deploy/gpu-box/engines.sh
-. "$root/deploy/gpu-box/engines.sh"
+# shellcheck source=studies/gpu-box/engines.sh
+. "$root/studies/gpu-box/engines.sh"
 
 profile_gpu() {  # profile_gpu NAME [--no-save]
   stage "$1" 240 $PY -m tandem profile --backend mlx --device gpu --max-active 16 --json "${@:2}"
@@ -68,12 +68,12 @@ L.__version__, "gpu offload", L.llama_supports_gpu_offload())'
 
 for s in "$@"; do
   case "$s" in
-    mlx) stage mlx-vs-raw 300 $PY -m tandem.bench.mlx_compare --device gpu --batches 1,2,4,8,16 \
+    mlx) stage mlx-vs-raw 300 $PY -m studies.mlx_compare --device gpu --batches 1,2,4,8,16 \
            --n-out 128 --repeats 3 --out "$out/mlx-vs-raw.md" ;;
     gap)  # the GPU worker's decode steps in-process, aligned vs churning batches, on
-      # the host cores the serving worker is pinned to (bench/step_gap.py); GAP_NEIGHBOUR=1:
+      # the host cores the serving worker is pinned to (studies/step_gap.py); GAP_NEIGHBOUR=1:
       # each also beside a llama.cpp engine decoding on the CPU worker's cores
-      stage step-gap 240 taskset -c 10-11 $PY -m tandem.bench.step_gap --backend mlx \
+      stage step-gap 240 taskset -c 10-11 $PY -m studies.step_gap --backend mlx \
          --device gpu --batch "${GAP_BATCHES:-4,8}" --steps 256 --rounds 3 \
          --modes "${GAP_MODES:-aligned,churn,serve,serve-switch}" \
          ${GAP_NEIGHBOUR:+--neighbour-cpus 0-9 --neighbour-threads "$THREADS"} --out "$out/step-gap.json" ;;
@@ -82,7 +82,7 @@ for s in "$@"; do
       profile_gpu profile-gpu ;;
     knobs)  # MLX's CUDA graphs on (its default) or off: decode shapes change every step
       MLX_USE_CUDA_GRAPHS=0 profile_gpu profile-gpu-graphs0 --no-save
-      if $PY deploy/gpu-box/pick_knob.py "$out/profile-gpu.log" "$out/profile-gpu-graphs0.log" \
+      if $PY studies/gpu-box/pick_knob.py "$out/profile-gpu.log" "$out/profile-gpu-graphs0.log" \
            > "$out/knobs.txt" 2>&1; then
         echo "MLX_USE_CUDA_GRAPHS=0" > "$envfile"
         export MLX_USE_CUDA_GRAPHS=0
@@ -107,11 +107,11 @@ for s in "$@"; do
          --router-cpus 12 --cpus 13-15 --hit-mix 0.5 --distinct-prompts ${REUSE} \
          ${PROOF_POLICIES:---policy forced:gpu --policy least_loaded --policy finish_time} \
          --runs "${RUNSP:-3}" --rates advertised --no-progress --out "$out/$s" ;;
-    qwen)  # the article's model shape, random weights (bench/shaped_model.py), Qwen's own
+    qwen)  # the article's model shape, random weights (studies/models/shaped_model.py), Qwen's own
       # tokenizer (the staged vocabulary): timing only. No profiles: both workers
       # measure themselves at start (--warmup auto). Pinned as in `proof`.
       q="$TANDEM_CACHE_DIR/qwen2.5-0.5b-shaped-qwen2vocab.gguf"
-      [ -f "$q" ] || stage qwen-model 180 $PY -m tandem.bench.shaped_model qwen2.5-0.5b "$q" --vocab qwen2
+      [ -f "$q" ] || stage qwen-model 180 $PY -m studies.models.shaped_model qwen2.5-0.5b "$q" --vocab qwen2
       for n in ${QWEN_BURSTS:-8 48}; do
         stage "qwen-seed$n" 300 $PY -m tandem bench --preset seed --requests "$n" \
            --worker "llama.cpp:$q:threads=$THREADS:id=cpu:cpus=0-9" \
@@ -179,11 +179,11 @@ for s in "$@"; do
     serve|serve-mlx)  # `tandem serve` as a user starts it: `serve` cold (run it first on
       # a fresh box) and warm; `serve-mlx` once more after MLX has a stored profile
       # too, so that the engine is chosen by both engines' measurements
-      # (bench/serve_ready.py: time to ready, the plan and engines, GPU memory per
+      # (studies/serve_ready.py: time to ready, the plan and engines, GPU memory per
       # process). Its own cache folder: the profiles its workers keep (13 threads,
       # unpinned) must not price the bench's workers.
       serve_cache=${SERVE_CACHE:-/root/serve-cache}
-      sr() { TANDEM_CACHE_DIR=$serve_cache stage "serve-$1" 150 $PY -m tandem.bench.serve_ready \
+      sr() { TANDEM_CACHE_DIR=$serve_cache stage "serve-$1" 150 $PY -m studies.serve_ready \
                --label "$1" --out "$out/serve.json" -- "${@:2}"; }
       if [ "$s" = serve ]; then
         sr cold; sr warm
@@ -194,6 +194,15 @@ for s in "$@"; do
       cp "$out/serve.json" "$OUT/$s.json" 2>/dev/null
       $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); print({k: v for k, v in d.items() if k != "runs"})' \
         "$out/serve.json" | tee -a "$out/stages.txt" ;;
+    held:*)  # held:DEVICE:HELD:BATCHES (studies/held_cells.py): llama.cpp's decode step
+      # with HELD cells (a comma list) of other sequences in its pool, on the CPU
+      # worker's cores (cpu, ENG_THREADS threads) or the llama.cpp GPU worker's (gpu)
+      IFS=: read -r _ hdev hheld hbatch <<< "$s"
+      if [ "$hdev" = cpu ]; then hpin=0-9 hth=$ENG_THREADS hunit=1024; else hpin=12 hth=1 hunit=2048; fi
+      stage "held-$hdev" "${HELD_CAP:-200}" taskset -c "$hpin" $PY studies/held_cells.py \
+         --device "$hdev" --threads "$hth" --held "$hheld" --batches "$hbatch" --unit "$hunit" \
+         --rounds "${HELD_ROUNDS:-3}" --out "$out/held-$hdev.json"
+      tail -n 30 "$out/held-$hdev.log" | tee -a "$out/stages.txt" ;;
     engines:*) engines "$s" ;;  # engines:MODEL:WORKERS:GPU_MAX:BURSTS[:CAP_S] (engines.sh)
     *) echo "unknown stage $s" >&2 ;;
   esac

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Which process state makes llama.cpp's CUDA build segfault in model load? On the box,
 # through run.sh (PYTHONPATH, TANDEM_MODEL set):
-#   bash deploy/gpu-box/run.sh bash deploy/gpu-box/diag_llama.sh
+#   bash deploy/gpu-box/run.sh bash studies/gpu-box/diag_llama.sh
 # Prints one line per variant: rc 0 loaded, 139 segfault, 124 (the worker variants)
 # still running after 20 s, i.e. loaded and registering. See README.md, "What the box
 # said on 2026-12-03".

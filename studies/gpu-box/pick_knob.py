@@ -1,6 +1,6 @@
 """Pick MLX's CUDA graph setting from two ``tandem profile --json`` logs.
 
-    python3 deploy/gpu-box/pick_knob.py DEFAULT_LOG GRAPHS0_LOG
+    python3 studies/gpu-box/pick_knob.py DEFAULT_LOG GRAPHS0_LOG
 
 Exit 0 when the graphs-off profile decodes at least 5 % faster (geometric mean over
 batch sizes) without losing more than 10 % of prefill; 1 otherwise (keep MLX's
