@@ -20,7 +20,9 @@ Invariants:
   it saved plus its own length, on top of the credit of the last entry evicted,
   so what many requests share or what is long stays longer and an idle entry
   ages out. A device-tier entry evicted with a host tier behind it is moved
-  there (``demote`` saves it), and only falls out when the host tier evicts it.
+  there (``demote`` saves it), and only falls out when the host tier evicts it;
+  one whose blocks other entries mostly hold is dropped instead (a save copies
+  the whole sequence for the few blocks only it has).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from tandem.common.blocks import CacheLog, block_hashes
 
 DEVICE, HOST = "device", "host"
 POLICIES = ("value", "lru")
+SAVE_OWN_SHARE = 4  # an evicted entry is saved when it owns >= 1/4 of its blocks
 
 
 @dataclass
@@ -230,9 +233,11 @@ class PrefixCache:
         return victim
 
     def _to_host(self, entry: Entry) -> Any | None:
-        """Save ``entry`` to the host tier (evicting there first); its state, or None."""
+        """Save ``entry`` to the host tier (evicting there first); its state, or None.
+
+        Not saved when other entries hold most of its blocks (``_worth_saving``)."""
         n = len(entry.tokens)
-        if self.demote is None or n > self.capacity[HOST]:
+        if self.demote is None or n > self.capacity[HOST] or not self._worth_saving(entry):
             return None
         while self._free(HOST) < n:
             victim = self._victim(HOST)
@@ -243,6 +248,17 @@ class PrefixCache:
         if state is not None:
             self._retier(entry, HOST, state)
         return state
+
+    def _worth_saving(self, entry: Entry) -> bool:
+        """Whether a save would keep blocks no other entry holds, at least a quarter of
+        the entry's. A save copies the whole sequence (over a GPU's bus: the cost a
+        reused GPU worker paid per finished request, docs/results/h200/prices-hold/),
+        while a later prompt can only gain the blocks nothing else holds: siblings of
+        one burst share its prefix, and saving each one stores that prefix again for
+        a few blocks of answer. The last entry holding a prefix owns all its blocks
+        and is saved."""
+        own = sum(1 for h in entry.hashes if len(self._by_hash[h]) == 1)
+        return own * SAVE_OWN_SHARE >= len(entry.hashes)
 
     def _retier(self, entry: Entry, tier: str, handle: Any) -> None:
         n = len(entry.tokens)

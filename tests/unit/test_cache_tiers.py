@@ -181,6 +181,21 @@ def test_the_host_tier_has_its_own_budget():
     assert saved == ["h0", "h1", "h2"]
 
 
+def test_siblings_of_a_shared_prefix_are_saved_once_by_the_last_holder():
+    saved: list = []
+    c = PrefixCache(BS, 40, 10, host_capacity_tokens=80,
+                    demote=lambda h: saved.append(h) or f"state:{h}")  # fmt: skip
+    shared = seq(16, 500)
+    c.insert(shared + seq(4, 1), "a")  # 5 blocks, 4 of them the shared prefix
+    c.insert(shared + seq(4, 2), "b")
+    c.insert(seq(20, 100), "c")  # evicts a: b holds 4 of its 5 blocks
+    assert saved == [] and c.held[HOST] == 0, "a dropped: a save would buy one block"
+    c.insert(seq(20, 200), "d")  # evicts b: now the prefix's last holder
+    assert saved == ["b"] and c.held[HOST] == 20
+    hit = c.match(shared + seq(4, 3))
+    assert hit.n_tokens == 16 and hit.entry is not None and hit.entry.tier == HOST
+
+
 def test_without_a_saving_backend_there_is_no_host_tier():
     class NoSave:
         pass
