@@ -255,7 +255,7 @@ class PrefixCache:
         reused GPU worker paid per finished request, docs/results/h200/prices-hold/),
         while a later prompt can only gain the blocks nothing else holds: siblings of
         one burst share its prefix, and saving each one stores that prefix again for
-        a few blocks of answer. The last entry holding a prefix owns all its blocks
+        its last prompt tokens and its answer. The last entry holding a prefix owns all its blocks
         and is saved."""
         own = sum(1 for h in entry.hashes if len(self._by_hash[h]) == 1)
         return own * SAVE_OWN_SHARE >= len(entry.hashes)
