@@ -30,7 +30,7 @@ def tables(record: dict) -> str:
         by[(r["config"], r["rep"])] = r["results"]
     configs = list(dict.fromkeys(r["config"] for r in runs))
     peer = next(c for c in configs if c.startswith("peer"))
-    workloads = list(runs[0]["results"])
+    workloads = [w for w, v in runs[0]["results"].items() if "out_tok_s" in v]
     reps = sorted({r["rep"] for r in runs})
     out = []
     for cfg in (c for c in configs if c != peer):
