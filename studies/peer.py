@@ -78,24 +78,27 @@ def free_port() -> int:
 
 
 # ---------------------------------------------------------------- the servers
-def start_peer(port: int, threads: int | None) -> subprocess.Popen:
+def start_peer(port: int, threads: int | None, flags: list[str]) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(default_model_path()),
            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "8192",
            # its default (True) aborts a running stream when another request arrives
            "--interrupt_requests", "False"]  # fmt: skip
     if threads:
         cmd += ["--n_threads", str(threads), "--n_threads_batch", str(threads)]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+    return spawn([*cmd, *flags])
 
 
-def start_tandem(port: int, threads: int | None) -> subprocess.Popen:
+def start_tandem(port: int, threads: int | None, flags: list[str]) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "tandem", "serve", "--port", str(port),
            "--set", f"router.client_addr=tcp://127.0.0.1:{free_port()}",
            "--set", f"router.worker_addr=tcp://127.0.0.1:{free_port()}",
            "--set", "router.metrics_port=0"]  # fmt: skip
     if threads:
         cmd += ["--threads", str(threads)]
+    return spawn([*cmd, *flags])
+
+
+def spawn(cmd: list[str]) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)  # fmt: skip
 
@@ -233,12 +236,15 @@ def pct(xs: list[float], q: float) -> float:
 SERVERS = {"peer": start_peer, "tandem": start_tandem}
 
 
-async def one_server(name: str, threads: int | None, rep: int, tok: TextTokenizer,
-                     aiperf: Path | None) -> dict:  # fmt: skip
-    """Start server ``name``, run every workload, stop it. ``aiperf``: drive it with
-    aiperf (its tokenizer folder), else with our client."""
+async def one_server(cfg: str, rep: int, tok: TextTokenizer, aiperf: Path | None) -> dict:
+    """Start the server ``cfg`` names, run every workload, stop it. ``aiperf``: drive it
+    with aiperf (its tokenizer folder), else with our client."""
+    name, _, rest = cfg.partition(":")
+    threads, _, extra = rest.partition(":")
+    pairs = [kv.partition("=") for kv in extra.split(",") if kv]
+    flags = [x for k, _, v in pairs for x in (f"--{k}", v)]
     port = free_port()
-    proc = SERVERS[name.split()[0]](port, threads)
+    proc = SERVERS[name](port, int(threads or 0) or None, flags)
     try:
         await wait_ready(port, proc)
         # What the server counts in a prompt built like the workloads' (another text: the
@@ -249,7 +255,9 @@ async def one_server(name: str, threads: int | None, rep: int, tok: TextTokenize
             if aiperf is None:
                 results[wl] = summary(*await run_workload(port, prompts, conc))
                 continue
-            out = aiperf.parent / f"rep{rep}-{name}-{threads or 0}-{wl.replace(' ', '')}"
+            out = aiperf.parent / "".join(
+                c for c in f"rep{rep}-{cfg}-{wl}" if c.isalnum() or c in "-="
+            )
             results[wl] = await asyncio.to_thread(
                 peer_aiperf.profile, port, prompts, conc, OUTPUT_TOKENS, aiperf, out
             )
@@ -274,7 +282,8 @@ def load() -> str:
 @click.command()
 @click.option("--reps", default=3, show_default=True)
 @click.option("--config", "configs", multiple=True, default=("peer:0", "tandem:0", "tandem:2"),
-              show_default=True, help="SERVER:THREADS (0: the server's own default).")  # fmt: skip
+              show_default=True, help="SERVER:THREADS[:FLAG=VALUE,...] (0: its default "
+              "threads; FLAGs: its other options, e.g. tandem:0:max-active=2).")  # fmt: skip
 @click.option("--client", type=click.Choice(["aiperf", "ours"]), default="aiperf",
               show_default=True, help="aiperf (studies/peer_aiperf.py) or ours.")  # fmt: skip
 @click.option("--out", type=click.Path(path_type=Path), default=Path("peer.json"))
@@ -290,12 +299,11 @@ def main(reps: int, configs: tuple[str, ...], client: str, out: Path) -> None:
     for rep in range(reps):
         order = list(configs) if rep % 2 == 0 else list(reversed(configs))
         for cfg in order:
-            name, _, threads = cfg.partition(":")
             record["loads"].append(f"rep {rep} {cfg} start: {load()}")
-            res = asyncio.run(one_server(name, int(threads or 0) or None, rep, tok, aiperf))
+            res = asyncio.run(one_server(cfg, rep, tok, aiperf))
             record["runs"].append({"rep": rep, "config": cfg, "results": res})
-            click.echo(f"rep {rep} {cfg}: " + json.dumps(
-                {k: round(v["out_tok_s"], 2) for k, v in res.items()}))  # fmt: skip
+            rates = {k: round(v["out_tok_s"], 2) for k, v in res.items() if "out_tok_s" in v}
+            click.echo(f"rep {rep} {cfg}: {json.dumps(rates)}")
             out.write_text(json.dumps(record, indent=1))
     record["loads"].append(f"end: {load()}")
     out.write_text(json.dumps(record, indent=1))
