@@ -98,8 +98,12 @@ class WorkerState:
     # ------------------------------------------------------------ ledger events
     # Each keeps ``loads`` current and bumps ``version`` (cached views key on it).
     def track(self, routed: Routed) -> None:
-        """``routed`` was assigned here."""
+        """``routed`` was assigned here: its prompt blocks count as cached here for the
+        requests routed after it (the worker computes them once for all)."""
+        if routed.wid in self.inflight:  # re-tracked (a move): its blocks are held already
+            self.cache.release(self.inflight[routed.wid].blocks)
         self.inflight[routed.wid] = routed
+        self.cache.hold(routed.blocks)
         if self.loads.moves(routed.wid, routed):  # its first tokens: now active
             self.loads.rebuild(self.inflight, self.heartbeat)
         else:
@@ -114,8 +118,10 @@ class WorkerState:
     def untrack(self, wid: str) -> None:
         """``wid`` finished, was cancelled or lost."""
         routed = self.inflight.pop(wid, None)
-        if routed is not None and routed.tokens_seen:
-            self.served.decoding -= 1
+        if routed is not None:
+            self.cache.release(routed.blocks)
+            if routed.tokens_seen:
+                self.served.decoding -= 1
         if not self.inflight:
             self.served.idle = True  # from some time since its last event: not counted
         self.loads.drop(wid)

@@ -218,6 +218,12 @@ class CacheView:
     its prefix cache before its next heartbeat can say so, and routing the next
     request of a burst with the same prefix must not wait for that heartbeat. A
     noted block counts until ``until``; after that only the reports do.
+
+    It also holds the prompt blocks of the requests routed there and not finished
+    (``hold`` .. ``release``): the worker is computing them, and a request that
+    shares them joins that computation (workers/engine.py), so a burst sharing a
+    prefix is priced with it cached where the first went. Counted per request, so
+    it holds no more than the requests in flight there (``Admission.inflight_cap``).
     """
 
     def __init__(self) -> None:
@@ -226,6 +232,7 @@ class CacheView:
         self.seq = -1  # nothing applied yet
         self._reported: set[int] = set()
         self._noted: dict[int, float] = {}  # block -> until (clock time)
+        self._assigned: dict[int, int] = {}  # block -> requests in flight here with it
         self.device: CacheView | None = None  # the device tier's, when the worker has a host tier
         self.restore_tok_s = 0.0  # the worker's host-RAM restore rate (0: unknown)
         self.tiers: dict[str, int] = {}  # the last report's CacheTiers, as a status row shows them
@@ -239,6 +246,28 @@ class CacheView:
         if self.device is not None:  # a finished request's KV is kept on the device
             self.device.note(blocks, until)
 
+    def hold(self, blocks: Sequence[int]) -> None:
+        """A request with these prompt blocks was routed here: held until ``release``."""
+        assigned = self._assigned
+        for h in blocks:
+            assigned[h] = assigned.get(h, 0) + 1
+        self.held.update(blocks)
+        if self.device is not None:  # its KV is being computed on the device
+            self.device.hold(blocks)
+
+    def release(self, blocks: Sequence[int]) -> None:
+        """That request ended (call ``note`` first when it finished): its blocks count
+        only as long as something else holds them."""
+        assigned, held = self._assigned, self.held
+        for h in blocks:
+            n = assigned.pop(h, 0) - 1
+            if n > 0:
+                assigned[h] = n
+            elif h not in self._reported and h not in self._noted:
+                held.discard(h)
+        if self.device is not None:
+            self.device.release(blocks)
+
     def expire(self, now: float) -> None:
         """Noted blocks past their time count only if a report has them."""
         if self.device is not None:
@@ -248,7 +277,7 @@ class CacheView:
         gone = [h for h, until in self._noted.items() if until <= now]
         for h in gone:
             del self._noted[h]
-            if h not in self._reported:
+            if h not in self._reported and h not in self._assigned:
                 self.held.discard(h)
 
     def apply(self, report: CacheReport, now: float = math.inf) -> bool:
@@ -258,14 +287,15 @@ class CacheView:
             self._reported = set(report.blocks)
             # The same set, refilled: the router keeps a reference (broker/ledger.py).
             self.held.clear()
-            self.held.update(self._reported, self._noted)
+            self.held.update(self._reported, self._noted, self._assigned)
             self.seq = report.seq
         else:
             if report.base != self.seq:
                 return report.seq == self.seq  # an empty delta at our seq is fine; else a gap
             removed = report.removed
             self._reported.difference_update(removed)
-            self.held.difference_update(h for h in removed if h not in self._noted)
+            kept = self._noted, self._assigned
+            self.held.difference_update(h for h in removed if not any(h in k for k in kept))
             self._reported.update(report.added)
             self.held.update(report.added)
             self.seq = report.seq

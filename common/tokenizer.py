@@ -401,9 +401,10 @@ def _gpt2_byte_decoder() -> dict[str, int]:
 
 
 def piece_table(spec: TokenizerSpec, vocab_size: int | None = None) -> list[bytes]:
-    """The bytes of every token id, as llama.cpp renders them without special tokens:
+    """The bytes of every token id, as llama.cpp renders them with special tokens:
     byte-level BPE text decoded to raw bytes (possibly a partial UTF-8 character),
-    control tokens empty, user-defined added tokens as their text. ``vocab_size``
+    added tokens (control ones too) as their text, so that a special token kept in
+    the output (ignore_eos) is streamed and the text says every token counted. ``vocab_size``
     defaults to one past the highest id the tokenizer names."""
     doc = json.loads(spec.tokenizer_json)
     vocab = doc.get("model", {}).get("vocab")
@@ -426,5 +427,5 @@ def piece_table(spec: TokenizerSpec, vocab_size: int | None = None) -> list[byte
             table[i] = text.replace("\u2581", " ").encode() if not byte_level else text.encode()
     for t in doc.get("added_tokens", []):
         if t["id"] < vocab_size:
-            table[t["id"]] = b"" if t.get("special") else t["content"].encode()
+            table[t["id"]] = t["content"].encode()
     return table

@@ -30,7 +30,7 @@ def tables(record: dict) -> str:
         by[(r["config"], r["rep"])] = r["results"]
     configs = list(dict.fromkeys(r["config"] for r in runs))
     peer = next(c for c in configs if c.startswith("peer"))
-    workloads = list(runs[0]["results"])
+    workloads = [w for w, v in runs[0]["results"].items() if "out_tok_s" in v]
     reps = sorted({r["rep"] for r in runs})
     out = []
     for cfg in (c for c in configs if c != peer):
@@ -56,8 +56,33 @@ def tables(record: dict) -> str:
                      for key, (_, scale, unit) in METRICS.items()]  # fmt: skip
             cached = statistics.median(r["cached_mean"] for r in rows)
             out.append(f"| {cfg} | {wl} | " + " | ".join(cells) + f" | {cached:.0f} |")
+    out.append(_tokens(by, configs, workloads, reps))
     out.append("\nLoad: " + "; ".join(record["loads"]))
     return "\n".join(out) + "\n"
+
+
+def _tokens(by: dict, configs: list[str], workloads: list[str], reps: list[int]) -> str:
+    """What each server received and sent, over every run: prompt tokens (its usage),
+    output tokens re-tokenized from the streamed text (aiperf's count) and in its usage."""
+    out = ["\n**Tokens, as each server counted them (min-max over runs)**\n",
+           "| config | prompt tokens (check) | prompt tokens (usage) | output tokens "
+           "(text re-tokenized) | output tokens (usage) |", "|---|---|---|---|---|"]  # fmt: skip
+    for cfg in configs:
+        runs = [by[(cfg, k)] for k in reps if (cfg, k) in by]
+        rows = [r[wl] for r in runs for wl in workloads]
+        check = [r.get("prompt check", {}).get("prompt_tokens", 0) for r in runs]
+        cells = [_range(check),
+                 _range([r.get("prompt_tokens_min", 0) for r in rows]
+                        + [r.get("prompt_tokens_max", 0) for r in rows]),
+                 _range([r.get("tokens_min", 0) for r in rows]),
+                 _range([r.get("usage_tokens_min", 0) for r in rows])]  # fmt: skip
+        out.append(f"| {cfg} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def _range(xs: list[float]) -> str:
+    xs = [x for x in xs if x]
+    return f"{min(xs):.0f}-{max(xs):.0f}" if xs else "–"
 
 
 def _spread(xs: list[float]) -> str:

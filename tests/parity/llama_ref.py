@@ -50,10 +50,10 @@ def llama_eog_ids(vocab: tuple[Any, Any]) -> set[int]:
 
 
 def llama_piece(vocab: tuple[Any, Any], token: int) -> bytes:
-    """The bytes llama.cpp renders for `token` (special tokens not rendered)."""
+    """The bytes llama.cpp renders for `token` (special tokens as their text)."""
     llama_cpp, v = vocab
     buf = ctypes.create_string_buffer(256)
-    n = llama_cpp.llama_token_to_piece(v, token, buf, len(buf), 0, False)
+    n = llama_cpp.llama_token_to_piece(v, token, buf, len(buf), 0, True)
     assert n >= 0
     return buf.raw[:n]
 

@@ -1,6 +1,7 @@
 """The llama.cpp worker's engine on the embedded model: min_tokens holds back the
-end of generation; a burst sharing a prefix computes it once; a long prompt beside a
-decoding stream is cut into time-budgeted chunks (counted in steps, not seconds)."""
+end of generation; ignore_eos streams the special tokens it counts; a burst sharing
+a prefix computes it once; a long prompt beside a decoding stream is cut into
+time-budgeted chunks (counted in steps, not seconds)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,24 @@ def test_min_tokens_holds_back_the_end_of_generation(backend, tok):
     ids = [t for m in out if isinstance(m, p.TokenDelta) and m.request_id == "held"
            for t in m.token_ids]  # fmt: skip
     assert not any(backend.is_eog(t) for t in ids)  # masked, not generated through
+
+
+def test_ignore_eos_streams_the_text_of_every_token_it_counts(backend, tok):
+    """Past its natural end the model emits special tokens (<|im_end|>, <|im_start|>):
+    they are streamed as their text, so the usage counts what the text says."""
+    e, out = engine(backend)
+    prompt = tok.encode(CHAT.format("Say yes."))
+    e.submit(Request("on", prompt, SamplingParams(48, ignore_eos=True)))
+    drain(e)
+    deltas = [m for m in out if isinstance(m, p.TokenDelta)]
+    ids = [t for m in deltas for t in m.token_ids]
+    text = "".join(m.text for m in deltas)
+    assert done(out)["on"].stats.output_tokens == len(ids) == 48
+    specials = [t for t in ids if backend.is_eog(t)]
+    assert specials, "expected the model to emit an end-of-generation token it was told to ignore"
+    assert text == tok.decode(ids)  # the whole text, special tokens included
+    assert text.count("<|im_end|>") == ids.count(tok.encode("<|im_end|>")[0])
+    assert len(tok.encode(text)) == len(ids)  # re-tokenized, the text gives the count back
 
 
 def test_a_burst_sharing_a_prefix_computes_it_once(backend, tok):

@@ -289,7 +289,7 @@ def test_pieces_rebuild_multibyte_text(tiny) -> None:
     assert b"".join(pieces) == text.encode()
     assert any(_invalid_utf8(x) for x in pieces), "expected a partial UTF-8 piece"
     im_end = TextTokenizer(b.tokenizer_spec).encode("<|im_end|>")
-    assert len(im_end) == 1 and b.piece(im_end[0]) == b"" and b.is_eog(im_end[0])
+    assert len(im_end) == 1 and b.piece(im_end[0]) == b"<|im_end|>" and b.is_eog(im_end[0])
 
 
 def _invalid_utf8(x: bytes) -> bool:

@@ -105,10 +105,11 @@ def test_queued_request_keeps_its_cache_estimate(h: Harness) -> None:
     # Queued on the worker (which matches its cache only at admission): 80 - 64.
     h.heartbeat("a", 2, queued=[row(wid, 80, 0, 80, 32)], blocks=block_hashes(prefix, 16))
     assert h.view("a", prompt(5)).queued == (Load(16, 32),)
-    # The worker evicted the prefix meanwhile: new prompts see it, the queued one
-    # keeps its estimate until the worker reports otherwise.
+    # The worker evicted the prefix meanwhile: the queued one keeps its estimate until
+    # the worker reports otherwise; a new prompt sharing the prefix still finds it
+    # there, since the queued one computes it again (and the new one would join it).
     h.heartbeat("a", 3, queued=[row(wid, 80, 0, 80, 32)])
-    assert h.view("a", prefix + prompt(8, 16)).cached_tokens == 0
+    assert h.view("a", prefix + prompt(8, 16)).cached_tokens == 64
     assert h.view("a", prompt(5)).queued == (Load(16, 32),)
     # Admitted with a miss: the worker's own numbers now hold.
     h.heartbeat("a", 4, active=[row(wid, 80, 0, 80, 32)])
@@ -315,7 +316,7 @@ def test_a_finished_prompt_is_cached_there_before_any_heartbeat_says_so(h: Harne
     prompt = list(range(100, 164))  # four 16-token blocks
     assert h.submit("r1", prompt).worker_id == "a"
     wid = h.assigned("a").request_id
-    assert h.view("a", prompt).cached_tokens == 0
+    assert h.view("a", prompt).cached_tokens == 48  # being computed there meanwhile
     h.workers["a"].send(p.Done(wid, p.FinishReason.LENGTH))
     h.pump()
     # The worker kept the prompt's blocks (all but the last token's): routing knows now.
@@ -324,6 +325,43 @@ def test_a_finished_prompt_is_cached_there_before_any_heartbeat_says_so(h: Harne
     assert h.view("a", prompt).cached_tokens == 48
     h.core.workers["a"].cache.expire(float("inf"))  # two periods on, reports decide
     assert h.view("a", prompt).cached_tokens == 0
+
+
+def test_a_burst_sharing_a_prefix_is_priced_with_it_where_the_first_went(h: Harness) -> None:
+    h.add_worker("a", (1000.0, [50.0]))
+    h.add_worker("b", (1000.0, [50.0]))
+    shared = list(range(100, 164))  # four 16-token blocks, no heartbeat has any
+    first = h.submit("r1", shared + prompt(1, 16)).worker_id
+    other = "b" if first == "a" else "a"
+    wid = h.assigned(first).request_id
+    second = shared + prompt(2, 16)
+    # Computed on ``first`` now (the second would join it there), nowhere else.
+    assert h.view(first, second).cached_tokens == 64
+    assert h.view(other, second).cached_tokens == 0
+    h.submit("r2", second)
+    priced = {c["id"]: c["cached_tokens"] for c in h.decisions()[-1]["candidates"]}
+    assert priced == {first: 64, other: 0}
+    # A heartbeat that does not list the prefix yet changes nothing while r1 runs.
+    h.heartbeat(first, 1, active=[row(wid, 80, 0, 80, 32)])
+    assert h.view(first, shared + prompt(3, 16)).cached_tokens == 64
+
+
+def test_assigned_blocks_go_when_their_requests_do(h: Harness) -> None:
+    """A flood of prompts routed and ended (done or failed) leaves no assigned block
+    behind: a done one's blocks are noted (the worker cached them) and expire."""
+    h.add_worker("a", (1000.0, [50.0]), max_active=64)
+    for i in range(200):
+        h.submit(f"r{i}", prompt(i, 80))
+        wid = h.assigned("a").request_id
+        end = p.Done(wid, p.FinishReason.LENGTH) if i % 2 else p.Error(p.WORKER_ERROR, "x", wid)
+        h.workers["a"].send(end)
+        h.pump()
+        while h.client.poll(0):
+            h.client.recv()  # its end, relayed
+    w = h.core.workers["a"]
+    assert not w.inflight and w.cache._assigned == {}
+    w.cache.expire(float("inf"))
+    assert w.cache.held == set()
 
 
 def test_a_worker_s_view_is_built_with_every_field(h: Harness) -> None:

@@ -198,13 +198,16 @@ class LlamaBackend:
 
     # ------------------------------------------------------------ tokens
     def piece(self, token: int) -> bytes:
+        """Special tokens as their text: one kept in the output (ignore_eos, min_tokens,
+        a control token that does not end generation) is streamed, so the text says
+        every token the usage counts."""
         out = self._pieces.get(token)
         if out is None:
             buf = ctypes.create_string_buffer(64)
-            n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
             if n < 0:
                 buf = ctypes.create_string_buffer(-n)
-                n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+                n = L.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
             out = self._pieces[token] = buf.raw[:n]
         return out
 
