@@ -181,7 +181,10 @@ class WorkerState:
             prior = info.decode_tok_s
             if info.provisional and model is not None:
                 prior = checked_prior(prior, model)
-            self._claims[live] = price(info.prefill_tok_s, prior, info.max_active, model)
+            steps = [b for b in info.decode_steps if b <= info.max_active]
+            self._claims[live] = price(
+                info.prefill_tok_s, prior, info.max_active, model, steps=steps
+            )
         return self._claims[live]
 
     def served_work(

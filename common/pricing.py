@@ -25,7 +25,10 @@ isolation, at one context); its heartbeats carry the live step-time model
    r1 * b / b1 (a step never gets shorter with more rows); below the smallest,
    between r0 * b / b0 and r0.
 4. A weighted monotone fit over the result (weights: PRIOR_SAMPLES + samples), so
-   well-measured points decide where they disagree with guesses.
+   well-measured points decide where they disagree with guesses; on each side of a
+   measured step down apart (``common.ratefit.measured_drops``: one the live steps
+   show, or one the worker measured at start and told in its Ready, ``steps``), so
+   a drop in aggregate rate that the worker really serves is priced, not smoothed.
 
 Prefill: the live rate of the largest chunk bucket of at least MIN_PREFILL_CHUNK
 tokens, blended the same way (short chunks are dominated by per-step overhead and
@@ -39,7 +42,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tandem.common.ratefit import Fit, fit_decode_rates, pav
+from tandem.common.ratefit import Fit, fit_decode_rates, measured_drops, split_fit
 from tandem.common.steptime import StepModel
 from tandem.common.validation import MAX_RATE_TOK_S, MIN_RATE_TOK_S
 
@@ -60,6 +63,7 @@ class Rates:
     context_s: float = 0.0  # extra step seconds per context token per row
     prefill_by_chunk: tuple[tuple[int, float], ...] = ()
     repaired: tuple[int, ...] = ()  # profile batch sizes replaced as far off their neighbours
+    steps: tuple[int, ...] = ()  # batch sizes a kept step down in the rates starts at
 
 
 def price(
@@ -68,14 +72,21 @@ def price(
     max_active: int,
     model: StepModel | None = None,
     prior_samples: float = PRIOR_SAMPLES,
+    steps: Sequence[int] = (),
 ) -> Rates:
     """A worker's rates from its profile and (when given) its live step model; the
-    profile weighs as much as ``prior_samples`` measured steps."""
-    repaired = _repaired(tuple(decode_prior), max_active)
+    profile weighs as much as ``prior_samples`` measured steps; ``steps``: batch sizes
+    where the worker measured a step down (its Ready's word, kept where the rates
+    still drop there)."""
+    repaired = _repaired(tuple(decode_prior), max_active, tuple(steps))
     batches = range(1, max_active + 1)
     live = model.decode_tok_s() if model is not None else {}
     live = {b: x for b, x in live.items() if b <= max_active}
-    decode = _blend_decode(list(repaired.rates), live, prior_samples) if live else repaired.rates
+    kept = repaired.steps
+    if live:
+        decode, kept = _blend_decode(list(repaired.rates), live, prior_samples, kept)
+    else:
+        decode = repaired.rates
     prefill, live_prefill = prefill_prior, _live_prefill(model)
     if live_prefill is not None:
         prefill *= _shrunk(live_prefill[0] / prefill_prior, live_prefill[1], prior_samples)
@@ -92,6 +103,7 @@ def price(
         if model is not None
         else (),
         repaired=repaired.dropped,
+        steps=kept,
     )
 
 
@@ -104,9 +116,14 @@ def bounded_rate(tok_s: float) -> float:
 
 
 def _blend_decode(
-    prior: list[float], live: dict[int, tuple[float, int]], prior_samples: float
-) -> tuple[float, ...]:
-    """Steps 2-4 of the module docstring: blend, borrow the nearest factor, fit."""
+    prior: list[float],
+    live: dict[int, tuple[float, int]],
+    prior_samples: float,
+    steps: tuple[int, ...] = (),
+) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """Steps 2-4 of the module docstring: blend, borrow the nearest factor, fit (apart
+    on each side of a step down the live steps show or ``steps`` names); the rates
+    and the steps kept."""
     logf = {
         b: math.log(_shrunk(rate / prior[b - 1], n, prior_samples)) for b, (rate, n) in live.items()
     }
@@ -131,13 +148,15 @@ def _blend_decode(
             blended[b - 1] = min(blended[b - 1], r1 * b / b1)
         elif b < b0:
             blended[b - 1] = min(r0, max(blended[b - 1], r0 * b / b0))
-    return tuple(pav(blended, weights))
+    cuts = {b - 1 for b in (*steps, *measured_drops(live)) if 2 <= b <= len(prior)}
+    fitted, kept = split_fit(blended, weights, cuts)
+    return tuple(fitted), tuple(c + 1 for c in kept)
 
 
 @functools.lru_cache(maxsize=1024)
-def _repaired(prior: tuple[float, ...], max_active: int) -> Fit:
+def _repaired(prior: tuple[float, ...], max_active: int, steps: tuple[int, ...] = ()) -> Fit:
     """The profile's repair: fixed per worker, so computed once, not per heartbeat."""
-    return fit_decode_rates(padded(prior, max_active))
+    return fit_decode_rates(padded(prior, max_active), steps=steps)
 
 
 def padded(rates: Sequence[float], n: int) -> list[float]:

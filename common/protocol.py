@@ -489,6 +489,12 @@ class Ready(Message, tag="ready"):
     capabilities: Annotated[list[Label], Meta(max_length=32)] = []
     # The machine it runs on (common/nodes.py: TANDEM_NODE or the host's name); "" unknown.
     node: NodeName = ""
+    # Batch sizes where its start-up measurement found the aggregate decode rate step
+    # down (common/ratefit.measured_drops: a kernel change, 9 rows slower than 8): the
+    # router's fit keeps the drop there instead of smoothing it (only where
+    # decode_tok_s still drops there; other sizes are ignored).
+    decode_steps: Annotated[list[Annotated[int, Meta(ge=2, le=bounds.MAX_ACTIVE)]],
+                            Meta(max_length=bounds.MAX_ACTIVE)] = []  # fmt: skip
 
 
 class StartStage(StrEnum):

@@ -9,17 +9,30 @@ neighbours allow (most extreme first), then fits the rest with weighted
 pool-adjacent-violators, so one slow sample can never make batch 2 look 16x
 slower than batch 1. Used on live step statistics (``common.steptime``), on
 stored profiles (``tandem profile``, worker start) and on the router's blend.
+
+One exception: a measured step down. llama.cpp's CUDA decode changes kernels past 8
+rows (the H200: 4.07 ms at 8 rows, 6.08 ms at 9, so 9 rows decode slower in
+aggregate than 8), and the worker runs every row it admits, so "it could leave one
+idle" is not what it does. ``measured_drops`` names such a step where both sizes
+were measured with enough steps and the next measured size confirms it (a stall
+is one low point; a kernel change keeps the level down); the fit then runs on each
+side of it apart (``steps``), keeping the drop. A table alone (a stored profile)
+cannot tell a step from noise, so its fit keeps only the steps it is told of.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 OUTLIER_FACTOR = 3.0  # "far off": more than 3x outside what the neighbours allow
 MAX_DROPPED_SHARE = 0.25  # the fit never drops more than this share of the points
+# A measured step down: the aggregate rate at b below b - 1's by more than this share
+# (beyond the +-15 % a price must hold to) ...
+STEP_DROP = 0.15
+STEP_SAMPLES = 4  # ... with at least this many steps timed at each side
 
 
 @dataclass(frozen=True)
@@ -29,16 +42,21 @@ class Fit:
     rates: tuple[float, ...]  # non-decreasing tok/s at batch 1, 2, ...
     dropped: tuple[int, ...] = ()  # batch sizes whose point was far off its neighbours
     pooled: tuple[int, ...] = ()  # batch sizes the monotone fit moved by more than 1 %
+    steps: tuple[int, ...] = ()  # batch sizes a kept step down starts at (rates drop there)
 
 
-def fit_decode_rates(rates: Sequence[float], weights: Sequence[float] | None = None) -> Fit:
-    """Non-decreasing aggregate decode rates by batch size, robust to one bad point.
+def fit_decode_rates(
+    rates: Sequence[float], weights: Sequence[float] | None = None, steps: Iterable[int] = ()
+) -> Fit:
+    """Aggregate decode rates by batch size, non-decreasing but for the ``steps`` told
+    (batch sizes where a measured step down starts), robust to one bad point.
 
     First the point furthest off what its neighbours allow (``suspicious_points``)
     is dropped while it is more than OUTLIER_FACTOR off, at most MAX_DROPPED_SHARE of the points (at
     least one, from 3 points on); dropped
     points take their value from the fit of the rest. Then a weighted
-    pool-adjacent-violators fit (weights: evidence behind each point).
+    pool-adjacent-violators fit (weights: evidence behind each point), on each side of
+    a told step apart where the rates still drop there (``split_fit``).
     """
     values = [float(x) for x in rates]
     if not values or any(not (math.isfinite(x) and x > 0) for x in values):
@@ -48,14 +66,46 @@ def fit_decode_rates(rates: Sequence[float], weights: Sequence[float] | None = N
         raise ValueError("weights must match rates")
     dropped = suspicious_points(values)
     keep = [i for i in range(len(values)) if i + 1 not in dropped]
-    fitted_kept = pav([values[i] for i in keep], [w[i] for i in keep])
+    starts = [b for b in sorted(set(steps)) if b - 1 in keep and b - 2 in keep]
+    kept_values = [values[i] for i in keep]
+    cuts = [keep.index(b - 1) for b in starts]
+    fitted_kept, kept_starts = split_fit(kept_values, [w[i] for i in keep], cuts)
     fitted = _fill(len(values), keep, fitted_kept)
     pooled = tuple(
         i + 1
         for i, (a, b) in enumerate(zip(values, fitted, strict=True))
         if i + 1 not in dropped and abs(a - b) > 0.01 * a
     )
-    return Fit(tuple(fitted), dropped, pooled)
+    return Fit(tuple(fitted), dropped, pooled, tuple(keep[c] + 1 for c in kept_starts))
+
+
+def split_fit(
+    values: Sequence[float], weights: Sequence[float], cuts: Iterable[int]
+) -> tuple[list[float], list[int]]:
+    """``pav`` on each run of ``values`` between ``cuts`` (indices where a step down
+    starts), and the cuts kept: one whose values no longer drop is fitted across."""
+    kept = [c for c in sorted(set(cuts)) if 0 < c < len(values) and values[c] < values[c - 1]]
+    out: list[float] = []
+    for lo, hi in zip([0, *kept], [*kept, len(values)], strict=True):
+        out += pav(values[lo:hi], weights[lo:hi])
+    return out, kept
+
+
+def measured_drops(points: Mapping[int, tuple[float, int]]) -> tuple[int, ...]:
+    """Batch sizes b where measured rates (b -> (tok/s, steps timed)) step down: b - 1
+    and b both measured with STEP_SAMPLES steps or more, b more than STEP_DROP below
+    b - 1, and the next measured size above b still below b - 1 (a stall at b alone is
+    not a step: the level comes back after it)."""
+    sizes = sorted(points)
+    out = []
+    for i in range(1, len(sizes) - 1):
+        a, b, nxt = sizes[i - 1], sizes[i], sizes[i + 1]
+        (ra, na), (rb, nb) = points[a], points[b]
+        if b != a + 1 or min(na, nb) < STEP_SAMPLES:
+            continue
+        if rb < (1 - STEP_DROP) * ra and points[nxt][0] < ra:
+            out.append(b)
+    return tuple(out)
 
 
 def suspicious_points(rates: Sequence[float]) -> tuple[int, ...]:

@@ -52,7 +52,7 @@ def run_worker(cfg: WorkerConfig, stop: threading.Event | None = None) -> int:
             announcer.close()
     ready = ready_message(
         cfg, backend, worker_id, prices.prefill_tok_s, prices.decode_tok_s, prices.provisional,
-        instance,
+        instance, decode_steps=prices.decode_steps,
     )  # fmt: skip
     inbox: queue.Queue[p.Message] = queue.Queue()
     from tandem.common.auth import peer_setup
@@ -116,6 +116,7 @@ def ready_message(
     decode: list[float],
     provisional: bool = False,
     instance: str | None = None,
+    decode_steps: tuple[int, ...] = (),
 ) -> p.Ready:
     """The Ready this worker registers with: what it is, its limits, its rates."""
     spec = backend.tokenizer_spec.to_wire()
@@ -139,6 +140,7 @@ def ready_message(
         provisional=provisional,
         capabilities=list(backend.capabilities),  # what the router may route here
         node=cfg.node,
+        decode_steps=list(decode_steps),  # measured steps down: the router keeps them
     )
 
 

@@ -51,6 +51,9 @@ MIN_REPEATS = 3  # samples per batch size: a median of 3 outvotes one stall
 # needs an attention mask, and MLX on CUDA then leaves its fused decode attention.
 # Equal rows measured the H200's GPU 1.4-2x faster than it served bursts.
 RAGGED_TOKENS = 3
+# A quick GPU measurement measures every batch size up to this one (then each power of
+# two and the size after it): a kernel change shows as a step between two sizes.
+EVERY_SIZE_TO = 16
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,7 @@ def warm_up(
     prefill_probe: bool = True,
     primer: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    ladder: Callable[[int], list[int]] = batch_ladder,
 ) -> WarmUp:
     """Run the shapes serving meets first and measure them, before the worker registers.
 
@@ -220,13 +224,14 @@ def warm_up(
     ``compile_pass`` is not run: a GPU's first call of a process pays its one-time
     set-up (the H200's llama.cpp GPU worker priced its prefill from such a first
     chunk at 0.68-0.79 of what it then served). ``progress(done, total)`` is called
-    after each stage (the prefill, each batch size).
+    after each stage (the prefill, each batch size). ``ladder(max_active)``: the batch
+    sizes measured, in order (``step_ladder``: every size, the powers of two first).
     """
     t0 = clock()
     if primer and not compile_pass:
         _prime(backend, step_tokens, clock)
     context = max(2, min(context, backend.n_ctx // max(1, max_active) - measure_steps - 64))
-    sizes = batch_ladder(max_active)
+    sizes = ladder(max_active)
     # Decode prompts share one cached prefix (the prefix cache, as serving reuses it),
     # so the context costs one prefill, not one per request: a CPU measures in seconds.
     cache = (context + 1) * max_active + step_tokens
@@ -248,7 +253,7 @@ def warm_up(
         # spread narrows when many rows share a short context (it must fit n_ctx).
         ragged = min(RAGGED_TOKENS, (context - 2) // max(1, max_active - 1))
         prefix = _prompt(rng, context - 1 - ragged * (max_active - 1), backend.vocab_size)
-        measured = 0  # the largest batch size whose stage ran to its end
+        measured: set[int] = set()  # the batch sizes whose stage ran to its end
         for b in sizes:
             if budget_s is not None and n == passes - 1 and clock() - started > budget_s:
                 break  # what is left is priced from its neighbours (workers/rates.py)
@@ -259,9 +264,9 @@ def warm_up(
                 tail = _prompt(rng, 1 + ragged * i, backend.vocab_size)
                 engine.submit(Request(f"warm-{b}-{i}", [*prefix, *tail], params))
             if not _drain(engine, until):
-                _forget_above(engine.timer.stats, measured)
+                _forget_unmeasured(engine.timer.stats, measured)
                 break
-            measured = b
+            measured.add(b)
             done += 1
             _report(progress, done, total)
         for handle in engine.cache.clear():  # the backend keeps nothing of the warm-up
@@ -280,11 +285,22 @@ def _prime(backend: EngineBackend, step_tokens: int, clock: Callable[[], float])
     _drain(engine)
 
 
-def _forget_above(stats: StepStats, measured: int) -> None:
-    """Drop the decode steps of batch sizes above ``measured``: those of a stage given
-    up were taken in a stall (C3 in docs/results/startup.md: 5 tok/s where it then
-    served 29-88)."""
-    for size in [s for s in stats.decode if s > measured]:
+def step_ladder(n: int) -> list[int]:
+    """The batch sizes a quick GPU measurement runs, in order: ``batch_ladder``'s powers
+    of two first (a budget cut leaves the span measured), then every other size up to
+    EVERY_SIZE_TO and, past it, the size after each power of two (where a kernel
+    change would show as a step)."""
+    first = batch_ladder(n)
+    between = [b for b in range(2, min(n, EVERY_SIZE_TO) + 1)]
+    between += [b + 1 for b in first if EVERY_SIZE_TO <= b < n]
+    return first + [b for b in between if b not in first]
+
+
+def _forget_unmeasured(stats: StepStats, measured: set[int]) -> None:
+    """Drop the decode steps of batch sizes whose stage did not run to its end: those
+    of a stage given up were taken in a stall (C3 in docs/results/startup.md: 5 tok/s
+    where it then served 29-88)."""
+    for size in [s for s in stats.decode if s not in measured]:
         del stats.decode[size]
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import logging
 
 from tandem.common.pricing import padded, price
+from tandem.common.ratefit import measured_drops
 from tandem.common.steptime import StepModel
 from tandem.workers.config import DEFAULT_DECODE_TOK_S, DEFAULT_PREFILL_TOK_S, WorkerConfig
 from tandem.workers.engine import Backend
@@ -97,6 +98,16 @@ def measured_rates(
         priced.prefill_tok_s, [round(x) for x in out], source or "a guess",
     )  # fmt: skip
     return priced.prefill_tok_s, out
+
+
+def measured_steps(warm: WarmUp | None, max_active: int) -> tuple[int, ...]:
+    """Batch sizes where the start-up measurement found the aggregate decode rate step
+    down (``common.ratefit.measured_drops``), as ``measured_rates`` kept them in the
+    prices: the Ready names them, so the router's fit keeps them too."""
+    model = judged(warm.stats.model()) if warm is not None else None
+    if model is None or not model.decode_batch:
+        return ()
+    return tuple(b for b in measured_drops(model.decode_tok_s()) if b <= max_active)
 
 
 def judged(model: StepModel) -> StepModel | None:

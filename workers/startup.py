@@ -41,9 +41,9 @@ from typing import Any, TextIO
 
 from tandem.workers.config import WorkerConfig
 from tandem.workers.engine import Backend
-from tandem.workers.profiler import WARMUP_CONTEXT, WARMUP_STEPS, WarmUp, warm_up
+from tandem.workers.profiler import WARMUP_CONTEXT, WARMUP_STEPS, WarmUp, step_ladder, warm_up
 from tandem.workers.profiles import keep_start_rates
-from tandem.workers.rates import rates, told_rates
+from tandem.workers.rates import measured_steps, rates, told_rates
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ class StartPrices:
     decode_tok_s: list[float]
     provisional: bool  # not yet borne out by steps served here
     adopt: WarmUp | None  # a full warm-up's steps, which the serving engine starts from
+    decode_steps: tuple[int, ...] = ()  # batch sizes where the measured rate steps down
 
 
 class Eta:
@@ -106,10 +107,13 @@ def quick_shape(device: str) -> dict[str, Any]:
     full chunk), after an untimed primer: on the H200 the quick shape priced
     llama.cpp's GPU prefill at 0.68-0.79 of what it served, from one chunk that was
     the process's first GPU work, and its decode after 256 tokens where serving's
-    rows held 516+."""
+    rows held 516+. A GPU also measures every batch size up to 16 (``step_ladder``):
+    llama.cpp's CUDA decode changes kernels past 8 rows (4.07 ms a step at 8, 6.08 at
+    9 on the H200), which a ladder of powers of two priced smoothly at 0.59-0.67 of
+    what 9-16 rows served."""
     if device.startswith("gpu"):
         return {"context": WARMUP_CONTEXT, "measure_steps": WARMUP_STEPS,
-                "prefill_probe": True, "primer": True}  # fmt: skip
+                "prefill_probe": True, "primer": True, "ladder": step_ladder}  # fmt: skip
     return {"context": QUICK_CONTEXT, "measure_steps": QUICK_STEPS, "prefill_probe": False}
 
 
@@ -155,4 +159,8 @@ def start_prices(
         keep_start_rates(backend, prefill, decode, f"{mode} start-up measurement")
     pinned = told is not None and told[2] == "the rate flags"
     simulated = backend.name == "sim" and mode == "none"  # its profile is its definition
-    return StartPrices(prefill, decode, not (pinned or simulated), warm if mode == "full" else None)
+    steps = measured_steps(warm, cfg.engine.max_active)
+    if steps:
+        log.info("measured a step down in decode rate at batch %s: priced as measured", steps)
+    return StartPrices(prefill, decode, not (pinned or simulated),
+                       warm if mode == "full" else None, steps)  # fmt: skip
