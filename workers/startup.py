@@ -110,11 +110,16 @@ def quick_shape(device: str) -> dict[str, Any]:
     rows held 516+. A GPU also measures every batch size up to 16 (``step_ladder``):
     llama.cpp's CUDA decode changes kernels past 8 rows (4.07 ms a step at 8, 6.08 at
     9 on the H200), which a ladder of powers of two priced smoothly at 0.59-0.67 of
-    what 9-16 rows served."""
+    what 9-16 rows served. And it runs the whole ladder once untimed first (the
+    ``compile_pass``, not only a primer): on the H200 the first sizes measured after
+    the model's load stepped 1.3-1.9x slower than the same sizes later in the
+    process (the GPU not yet up to speed), which hid the step at 9 behind a slow 8."""
     if device.startswith("gpu"):
         return {"context": WARMUP_CONTEXT, "measure_steps": WARMUP_STEPS,
-                "prefill_probe": True, "primer": True, "ladder": step_ladder}  # fmt: skip
-    return {"context": QUICK_CONTEXT, "measure_steps": QUICK_STEPS, "prefill_probe": False}
+                "prefill_probe": True, "primer": True, "ladder": step_ladder,
+                "compile_pass": True}  # fmt: skip
+    return {"context": QUICK_CONTEXT, "measure_steps": QUICK_STEPS, "prefill_probe": False,
+            "compile_pass": False}  # fmt: skip
 
 
 def start_prices(
@@ -149,7 +154,7 @@ def start_prices(
         else:
             log.info("measuring %s quickly (at most ~%.0f s)", backend.device, QUICK_BUDGET_S)
             warm = warm_up(
-                backend, engine.max_active, engine.step_tokens, compile_pass=False,
+                backend, engine.max_active, engine.step_tokens,
                 budget_s=QUICK_BUDGET_S, deadline_s=QUICK_DEADLINE_S, progress=stage,
                 **quick_shape(backend.device),
             )  # fmt: skip

@@ -274,7 +274,8 @@ def test_a_gpus_quick_measurement_primes_first_and_measures_serving_shapes() -> 
     def measured_prefill(shape: dict[str, Any]) -> float:
         owner = Clock()
         device = ColdFirstCall(profile, owner)
-        warm = warm_up(device, 16, 256, compile_pass=False, clock=lambda: owner.now, **shape)
+        shape = {**shape, "compile_pass": False}  # the primer alone
+        warm = warm_up(device, 16, 256, clock=lambda: owner.now, **shape)
         rate = warm.stats.model().prefill_rate_at(256)  # what pricing reads (a full chunk)
         assert rate is not None
         return rate
@@ -282,3 +283,43 @@ def test_a_gpus_quick_measurement_primes_first_and_measures_serving_shapes() -> 
     primed, cpu_shape = measured_prefill(gpu), measured_prefill(quick_shape("cpu"))
     assert primed == pytest.approx(profile.prefill_tok_s, rel=0.05)
     assert cpu_shape < 0.5 * primed  # one chunk, the process's first: the set-up priced in
+
+
+class SlowAtFirst(TwinDevice):
+    """A GPU that steps SLOW times slower for its first RAMP_S seconds of work (the
+    H200 after a model load: the first sizes measured 1.3-1.9x slower than later)."""
+
+    device = "gpu-cuda"
+    SLOW, RAMP_S = 1.8, 0.6
+
+    def advance(self, cost_s: float) -> None:
+        self.busy_s = getattr(self, "busy_s", 0.0) + cost_s
+        super().advance(cost_s * (self.SLOW if self.busy_s < self.RAMP_S else 1.0))
+
+
+def test_a_gpus_quick_measurement_runs_its_ladder_untimed_first() -> None:
+    from tandem.workers.profiler import step_ladder
+    from tandem.workers.startup import quick_shape
+
+    shape = quick_shape("gpu-cuda")
+    assert shape["compile_pass"] and shape["ladder"] is step_ladder
+    assert not quick_shape("cpu")["compile_pass"]
+    profile = SimProfile.load("h200-gpu")
+
+    class Clock:
+        now = 0.0
+
+    def measured(compile_pass: bool, kind: type[TwinDevice] = SlowAtFirst) -> dict[int, float]:
+        owner = Clock()
+        device = kind(profile, owner)
+        warm = warm_up(device, 16, 256, clock=lambda: owner.now,
+                       **{**shape, "compile_pass": compile_pass})  # fmt: skip
+        return {b: r for b, (r, _) in warm.stats.model().decode_tok_s().items()}
+
+    untimed_first, timed_at_once = measured(True), measured(False)
+    assert sorted(untimed_first) == list(range(1, 17))  # every size measured
+    truth = measured(False, TwinDevice)  # a device never slow
+    for b, rate in truth.items():
+        assert untimed_first[b] == pytest.approx(rate, rel=0.1)
+    slow = [b for b in truth if timed_at_once[b] < 0.8 * truth[b]]
+    assert {1, 2} <= set(slow)  # the first sizes, measured while the device was slow
