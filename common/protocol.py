@@ -43,7 +43,7 @@ from tandem.common.validation import (
     message_problem,
 )
 
-PROTOCOL_VERSION = 12  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds;
+PROTOCOL_VERSION = 13  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step model, bounds;
 # 4: step_tokens (a worker that batches its deltas must not meet a router that cannot read them);
 # 5: batch (the router sends a peer what one turn owes it in one frame); 6: ready.provisional;
 # 7: msgspec Structs (fields at their default left out, ``type`` first, ids without control
@@ -52,6 +52,7 @@ PROTOCOL_VERSION = 12  # 2: SamplingParams, enums, rows; 3: tokenizer hash, step
 # 9: heartbeat.cache, .steps and done.stats typed (their fields at their default left out);
 # 10: starting (a worker announces itself while it loads), status_reply.starting
 # 11: heartbeat.cache.tiers (the prefix cache's sizes by tier); 12: ready.node (the machine)
+# 13: ready.decode_steps (a router that smooths a measured step down prices 9 rows as 8)
 
 
 class FinishReason(StrEnum):
