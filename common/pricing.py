@@ -26,9 +26,12 @@ isolation, at one context); its heartbeats carry the live step-time model
    between r0 * b / b0 and r0.
 4. A weighted monotone fit over the result (weights: PRIOR_SAMPLES + samples), so
    well-measured points decide where they disagree with guesses; on each side of a
-   measured step down apart (``common.ratefit.measured_drops``: one the live steps
-   show, or one the worker measured at start and told in its Ready, ``steps``), so
-   a drop in aggregate rate that the worker really serves is priced, not smoothed.
+   measured step down apart (``steps``: one the worker measured at start and told
+   in its Ready; with ``find_steps``, also one the live steps show, by
+   ``common.ratefit.measured_drops``: a GPU worker pricing its own start-up
+   measurement), so a drop in aggregate rate that it really serves is priced, not
+   smoothed. The router does not look for steps in served steps itself: a busy
+   CPU's steps dip and stay low by chance, and the monotone fit is their remedy.
 
 Prefill: the live rate of the largest chunk bucket of at least MIN_PREFILL_CHUNK
 tokens, blended the same way (short chunks are dominated by per-step overhead and
@@ -73,17 +76,20 @@ def price(
     model: StepModel | None = None,
     prior_samples: float = PRIOR_SAMPLES,
     steps: Sequence[int] = (),
+    find_steps: bool = False,
 ) -> Rates:
     """A worker's rates from its profile and (when given) its live step model; the
     profile weighs as much as ``prior_samples`` measured steps; ``steps``: batch sizes
     where the worker measured a step down (its Ready's word, kept where the rates
-    still drop there)."""
+    still drop there); ``find_steps``: keep a step down ``model`` measured too."""
     repaired = _repaired(tuple(decode_prior), max_active, tuple(steps))
     batches = range(1, max_active + 1)
     live = model.decode_tok_s() if model is not None else {}
     live = {b: x for b, x in live.items() if b <= max_active}
     kept = repaired.steps
     if live:
+        if find_steps:
+            kept = (*kept, *measured_drops(live))
         decode, kept = _blend_decode(list(repaired.rates), live, prior_samples, kept)
     else:
         decode = repaired.rates
@@ -122,8 +128,7 @@ def _blend_decode(
     steps: tuple[int, ...] = (),
 ) -> tuple[tuple[float, ...], tuple[int, ...]]:
     """Steps 2-4 of the module docstring: blend, borrow the nearest factor, fit (apart
-    on each side of a step down the live steps show or ``steps`` names); the rates
-    and the steps kept."""
+    on each side of a step down ``steps`` names); the rates and the steps kept."""
     logf = {
         b: math.log(_shrunk(rate / prior[b - 1], n, prior_samples)) for b, (rate, n) in live.items()
     }
@@ -148,7 +153,7 @@ def _blend_decode(
             blended[b - 1] = min(blended[b - 1], r1 * b / b1)
         elif b < b0:
             blended[b - 1] = min(r0, max(blended[b - 1], r0 * b / b0))
-    cuts = {b - 1 for b in (*steps, *measured_drops(live)) if 2 <= b <= len(prior)}
+    cuts = {b - 1 for b in steps if 2 <= b <= len(prior)}
     fitted, kept = split_fit(blended, weights, cuts)
     return tuple(fitted), tuple(c + 1 for c in kept)
 

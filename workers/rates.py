@@ -64,23 +64,31 @@ def rates(
         _warn_if_suspicious(decode, source)
     if warm is None:
         return prefill, decode
-    return measured_rates(prefill, decode, warm, source, cfg.engine.max_active)
+    gpu = backend.device.startswith("gpu")
+    return measured_rates(prefill, decode, warm, source, cfg.engine.max_active, find_steps=gpu)
 
 
 def measured_rates(
-    prefill: float, decode: list[float], warm: WarmUp, source: str | None, max_active: int
+    prefill: float,
+    decode: list[float],
+    warm: WarmUp,
+    source: str | None,
+    max_active: int,
+    find_steps: bool = False,
 ) -> tuple[float, list[float]]:
     """The warm-up's measurement folded into ``decode``/``prefill`` (from ``source``;
     None: a guess): measured batch sizes take the measured rate, the others the
     source's shape scaled to the measured points around them
     (``common.pricing.price``). A source that disagrees with the measurement by more
-    than DISAGREE is named in the log."""
+    than DISAGREE is named in the log. ``find_steps`` (a GPU): a step down the
+    measurement shows is kept (``measured_steps``), not smoothed."""
     decode = padded(decode, max_active)
     model = judged(warm.stats.model())
     if model is None or (not model.decode_batch and not model.prefill_chunk):
         return prefill, decode
     guess = source is None
-    priced = price(prefill, decode, max_active, model, GUESS_WEIGHT if guess else TOLD_WEIGHT)
+    weight = GUESS_WEIGHT if guess else TOLD_WEIGHT
+    priced = price(prefill, decode, max_active, model, weight, find_steps=find_steps)
     out = list(priced.decode_tok_s)
     off = [
         f"batch {b}: {decode[b - 1]:.0f} -> {out[b - 1]:.0f} tok/s"
@@ -102,8 +110,9 @@ def measured_rates(
 
 def measured_steps(warm: WarmUp | None, max_active: int) -> tuple[int, ...]:
     """Batch sizes where the start-up measurement found the aggregate decode rate step
-    down (``common.ratefit.measured_drops``), as ``measured_rates`` kept them in the
-    prices: the Ready names them, so the router's fit keeps them too."""
+    down (``common.ratefit.measured_drops``), as ``measured_rates(find_steps=True)``
+    kept them in the prices: the Ready names them, so the router's fit keeps them too.
+    Asked of a GPU only: a CPU's quick measurement on a busy machine dips by chance."""
     model = judged(warm.stats.model()) if warm is not None else None
     if model is None or not model.decode_batch:
         return ()

@@ -164,7 +164,8 @@ def start_prices(
         keep_start_rates(backend, prefill, decode, f"{mode} start-up measurement")
     pinned = told is not None and told[2] == "the rate flags"
     simulated = backend.name == "sim" and mode == "none"  # its profile is its definition
-    steps = measured_steps(warm, cfg.engine.max_active)
+    gpu = backend.device.startswith("gpu")
+    steps = measured_steps(warm, cfg.engine.max_active) if gpu else ()
     if steps:
         log.info("measured a step down in decode rate at batch %s: priced as measured", steps)
     return StartPrices(prefill, decode, not (pinned or simulated),

@@ -9,7 +9,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tandem.common.pricing import PRIOR_SAMPLES, price
-from tandem.common.ratefit import measured_drops
 from tandem.common.steptime import StepModel
 
 
@@ -59,15 +58,11 @@ def test_prefill_uses_the_largest_chunk_that_says_something() -> None:
     st.dictionaries(st.integers(1, 16), st.tuples(st.floats(1e-4, 1.0), st.integers(1, 10**6))),
 )
 def test_priced_rates_are_monotone_and_positive(profile, live) -> None:
-    """Monotone but at a step down the live steps measured (common.ratefit.measured_drops)."""
     batches = sorted(live)
     model = StepModel(tuple(batches), tuple(live[b][0] for b in batches),
                       tuple(live[b][1] for b in batches))  # fmt: skip
     r = price(100.0, profile, 16, model)
     assert len(r.decode_tok_s) == 16 and min(r.decode_tok_s) > 0
-    assert set(r.steps) <= set(measured_drops(model.decode_tok_s()))
     assert all(
-        b >= a * (1 - 1e-9)
-        for i, (a, b) in enumerate(zip(r.decode_tok_s, r.decode_tok_s[1:], strict=False), 2)
-        if i not in r.steps
+        b >= a * (1 - 1e-9) for a, b in zip(r.decode_tok_s, r.decode_tok_s[1:], strict=False)
     )

@@ -61,8 +61,11 @@ def test_the_fit_keeps_a_told_step_and_smooths_the_rest() -> None:
 
 def test_the_price_keeps_the_drop_from_live_steps_or_from_the_ready() -> None:
     flat = [2000.0] * 16
-    live = price(1000.0, flat, 16, _model(STEP_MS, samples=200))  # served: outweighs the prior
+    served = _model(STEP_MS, samples=200)  # outweighs the prior
+    live = price(1000.0, flat, 16, served, find_steps=True)  # a GPU pricing its start
     assert live.steps == (9,)
+    router = price(1000.0, flat, 16, served).decode_tok_s  # served steps alone: smoothed
+    assert list(router) == sorted(router)
     r = live.decode_tok_s
     assert r[8] < 0.8 * r[7]  # batch 9 below batch 8, as served
     assert r[8] == pytest.approx(9 / 6.08e-3, rel=0.1)
@@ -84,3 +87,22 @@ def test_the_ready_bounds_its_steps() -> None:
         wire = msgspec.msgpack.encode(msgspec.structs.replace(base, decode_steps=bad))
         with pytest.raises(msgspec.ValidationError):
             msgspec.msgpack.decode(wire, type=p.Ready)
+
+
+def test_only_a_gpu_keeps_a_step_its_start_up_measured() -> None:
+    from tandem.common.steptime import StepStats
+    from tandem.workers.profiler import WarmUp
+    from tandem.workers.rates import measured_rates, measured_steps
+
+    # The H200's llama.cpp GPU step ms at 1-16 rows, in isolation (studies/held_cells.py)
+    isolated = [1.19, 1.48, 1.78, 1.94, 2.13, 2.27, 2.43, 2.69,
+                4.13, 4.39, 4.64, 4.72, 4.92, 5.07, 5.26, 5.35]  # fmt: skip
+    stats = StepStats()
+    for b, ms in enumerate(isolated, 1):  # every size the GPU ladder times
+        for _ in range(8):
+            stats.record(b, 512 * b, 0, ms / 1e3)
+    warm = WarmUp(1.0, stats, 512)
+    _, gpu = measured_rates(1000.0, [100.0], warm, None, 16, find_steps=True)
+    assert measured_steps(warm, 16) == (9,) and gpu[8] < 0.8 * gpu[7]
+    _, cpu = measured_rates(1000.0, [100.0], warm, None, 16)  # a CPU: smoothed, as before
+    assert cpu == sorted(cpu)
