@@ -215,8 +215,8 @@ def warm_up(
     engine, so the router's live model starts with them instead of a profile's
     word or a guess.
 
-    A quick measurement (``workers.startup``) bounds it: ``budget_s`` (the measuring
-    pass starts no batch size past it), ``deadline_s`` (it gives up a batch size
+    A quick measurement (``workers.startup``) bounds it: ``budget_s`` (each pass starts
+    no batch size past it), ``deadline_s`` (it gives up a batch size
     still running then: on a machine too busy, a few steps can take many seconds),
     no ``prefill_probe`` (the decode context's
     own prefill chunks give the prefill rate), a short ``context``. ``primer``: one
@@ -255,8 +255,10 @@ def warm_up(
         prefix = _prompt(rng, context - 1 - ragged * (max_active - 1), backend.vocab_size)
         measured: set[int] = set()  # the batch sizes whose stage ran to its end
         for b in sizes:
-            if budget_s is not None and n == passes - 1 and clock() - started > budget_s:
-                break  # what is left is priced from its neighbours (workers/rates.py)
+            # Each pass (an untimed one too) starts no size past the budget: what is
+            # left is priced from its neighbours (workers/rates.py).
+            if budget_s is not None and clock() - started > budget_s:
+                break
             # Decoding starts as each prompt ends: the first keeps decoding while the
             # others finish theirs, so outputs last long enough for all b to decode together.
             params = SamplingParams(max_tokens=measure_steps + SKIP_STEPS + b + 1, ignore_eos=True)
@@ -291,7 +293,7 @@ def step_ladder(n: int) -> list[int]:
     EVERY_SIZE_TO and, past it, the size after each power of two (where a kernel
     change would show as a step)."""
     first = batch_ladder(n)
-    between = [b for b in range(2, min(n, EVERY_SIZE_TO) + 1)]
+    between = list(range(2, min(n, EVERY_SIZE_TO) + 1))
     between += [b + 1 for b in first if EVERY_SIZE_TO <= b < n]
     return first + [b for b in between if b not in first]
 

@@ -323,3 +323,25 @@ def test_a_gpus_quick_measurement_runs_its_ladder_untimed_first() -> None:
         assert untimed_first[b] == pytest.approx(rate, rel=0.1)
     slow = [b for b in truth if timed_at_once[b] < 0.8 * truth[b]]
     assert {1, 2} <= set(slow)  # the first sizes, measured while the device was slow
+
+
+def test_the_untimed_pass_keeps_the_quick_budget_too() -> None:
+    """A GPU slow enough that its ladder outlasts the budget (a 7B model's steps):
+    the untimed pass stops starting sizes past it, as the timed one does."""
+    from tandem.workers.startup import QUICK_BUDGET_S, QUICK_DEADLINE_S, quick_shape
+
+    class Slow(TwinDevice):
+        device = "gpu-cuda"
+
+        def advance(self, cost_s: float) -> None:
+            super().advance(cost_s * 5)
+
+    class Clock:
+        now = 0.0
+
+    owner = Clock()
+    device = Slow(SimProfile.load("h200-gpu"), owner)
+    warm = warm_up(device, 16, 256, clock=lambda: owner.now, budget_s=QUICK_BUDGET_S,
+                   deadline_s=QUICK_DEADLINE_S, **quick_shape("gpu-cuda"))  # fmt: skip
+    assert warm.seconds < 2 * QUICK_DEADLINE_S
+    assert {1, 2, 4} <= set(warm.stats.model().decode_tok_s())
