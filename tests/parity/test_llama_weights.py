@@ -104,10 +104,50 @@ def test_the_row_probe_splits_where_two_rows_cost_more_than_two_calls(monkeypatc
         for per_row, two_rows, want in ((0.010, 0.025, 1), (0.010, 0.012, None)):
             fake = lambda b, rows, a=per_row, c=two_rows: c if len(rows) > 1 else a  # noqa: E731
             monkeypatch.setattr(llama_rows, "_timed", fake)
-            assert llama_rows.measure(backend) == want
+            assert llama_rows.measure(backend)[0] == want
         assert backend.free_seqs == free
         for seq in free:
             assert L.llama_memory_seq_pos_max(backend.mem, seq) == -1, "the probe's cells freed"
+    finally:
+        backend.close()
+
+
+def test_the_chunk_floor_is_the_smallest_chunk_near_the_largest_cost_a_token():
+    from tandem.workers.backends.llama_rows import floor_of
+
+    assert floor_of({32: 0.0030, 64: 0.0021, 128: 0.0020}) == 64  # Q8_0 here
+    assert floor_of({32: 0.0042, 64: 0.0040, 128: 0.0041}) == 1  # Q4_1: no floor
+    assert floor_of({32: 0.0090, 64: 0.0060, 128: 0.0020}) == 128
+
+
+def test_the_engine_never_cuts_a_chunk_below_the_backends_floor():
+    from tandem.common import protocol as p
+    from tandem.workers.backends.llama import LlamaBackend
+    from tandem.workers.config import EngineConfig
+    from tandem.workers.engine import Engine
+    from tandem.workers.request import Request
+
+    backend = LlamaBackend(_source(), n_ctx=2048, threads=1, max_active=2, step_tokens=256)
+    try:
+        backend.min_chunk_tokens = 96
+        cfg = EngineConfig(max_active=2, step_tokens=256, step_budget_x=1.5, cache_tokens=0)
+        engine = Engine(backend, cfg, lambda m: None, "w")
+        chunks: list[int] = []
+        run = backend.run
+
+        def watch(decode, prefill):
+            chunks.extend(k for _, k in prefill if decode)
+            return run(decode, prefill)
+
+        backend.run = watch
+        greedy = p.SamplingParams(max_tokens=40, min_tokens=40, temperature=0.0)
+        engine.submit(Request("a", [1, 504, 3458, 314], greedy))
+        for _ in range(30):  # a's rows decode and the live model learns their steps
+            engine.step()
+        engine.submit(Request("b", [300 + i for i in range(400)], greedy))
+        while engine.queue or engine.active:
+            engine.step()
+        assert chunks and min(chunks[:-1]) >= 96, chunks
     finally:
         backend.close()
 

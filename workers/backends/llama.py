@@ -131,7 +131,11 @@ class LlamaBackend:
         self._eog: np.ndarray | None = None  # end-of-generation ids, found on first need
         # Rows a decode call carries: all of a step's (one call) where rows batch, else 1,
         # each row and the step's prompt chunks a call of their own (llama_rows.py).
-        self.rows_per_call = None if place.gpu else llama_rows.measure(self)
+        # A prompt chunk below ``min_chunk_tokens`` costs much more a token (the engine
+        # never cuts one smaller to keep a step within its time budget).
+        self.rows_per_call, self.min_chunk_tokens = (
+            (None, 1) if place.gpu else llama_rows.measure(self)
+        )
 
     # ------------------------------------------------------------ slots
     def begin(self, req: Request, match: Match) -> None:
