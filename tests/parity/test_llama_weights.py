@@ -112,6 +112,27 @@ def test_the_row_probe_splits_where_two_rows_cost_more_than_two_calls(monkeypatc
         backend.close()
 
 
+def test_the_kernel_probe_is_kept_per_file_and_threads(cache, monkeypatch):
+    from tandem.workers.backends import llama_rows
+    from tandem.workers.backends.llama import LlamaBackend
+
+    backend = LlamaBackend(_source(), n_ctx=1024, threads=1, max_active=2, step_tokens=256)
+    try:
+        first = (backend.rows_per_call, backend.min_chunk_tokens)
+        assert len(list(cache.glob("*.t1.kernels.json"))) == 1
+
+        def no_probe(b):
+            raise AssertionError("probed again")
+
+        monkeypatch.setattr(llama_rows, "measure", no_probe)
+        assert llama_rows.probed(backend) == first
+        backend.threads = 2  # another thread count is another record
+        with pytest.raises(AssertionError, match="probed again"):
+            llama_rows.probed(backend)
+    finally:
+        backend.close()
+
+
 def test_the_chunk_floor_is_the_smallest_chunk_near_the_largest_cost_a_token():
     from tandem.workers.backends.llama_rows import floor_of
 

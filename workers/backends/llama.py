@@ -134,7 +134,7 @@ class LlamaBackend:
         # A prompt chunk below ``min_chunk_tokens`` costs much more a token (the engine
         # never cuts one smaller to keep a step within its time budget).
         self.rows_per_call, self.min_chunk_tokens = (
-            (None, 1) if place.gpu else llama_rows.measure(self)
+            (None, 1) if place.gpu else llama_rows.probed(self)
         )
 
     # ------------------------------------------------------------ slots

@@ -24,19 +24,58 @@ times chunks of 32, 64 and 128 tokens, and the smallest whose cost a token is wi
 
 from __future__ import annotations
 
+import json
+import logging
 import time
 from typing import TYPE_CHECKING
 
 import llama_cpp as L
 
+from tandem.common.gguf_file import weights_digest
+from tandem.common.model_files import cache_root
+from tandem.workers.backends.llama_weights import machine
+
 if TYPE_CHECKING:
     from tandem.workers.backends.llama import LlamaBackend
+
+log = logging.getLogger(__name__)
 
 CONTEXT_TOKENS = 32  # each probe row's context: short, so the probe costs little
 ROUNDS = 4  # the least of these per shape
 SPLIT_ABOVE = 1.05  # two rows in one call must cost more than 2.1 single rows to split
 CHUNKS = (32, 64, 128)  # prompt chunk sizes probed (224 tokens: 0.5 s at Q8_0 here)
 CHUNK_SLACK = 1.2  # a floor chunk may cost this much more a token than a 128-token one
+
+
+def probed(backend: LlamaBackend) -> tuple[int | None, int]:
+    """``measure``, remembered per weights file, thread count and machine beside the
+    weights' own record (llama_weights.py): a worker's later starts skip the probe
+    (0.5-1.5 s on 2 cores). Only a full probe is kept."""
+    folder = cache_root() / "weights"
+    record = folder / f"{weights_digest(backend.model_path)}.t{backend.threads}.kernels.json"
+    try:
+        doc = json.loads(record.read_text())
+        if doc.get("machine") == machine():
+            rows = doc["rows_per_call"]
+            return (None if rows is None else int(rows)), int(doc["min_chunk_tokens"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    rows, floor = measure(backend)
+    if backend.batch_cap >= max(CHUNKS) and _room(backend):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            doc = {"rows_per_call": rows, "min_chunk_tokens": floor, "machine": machine()}
+            tmp = record.with_suffix(".tmp")
+            tmp.write_text(json.dumps(doc))
+            tmp.replace(record)
+        except OSError as exc:  # a read-only cache: probe again next time
+            log.warning("cannot keep the kernel probe's result: %s", exc)
+    return rows, floor
+
+
+def _room(backend: LlamaBackend) -> bool:
+    """Cells for the chunk probe, and as many more."""
+    return backend.n_ctx >= 2 * (max(CHUNKS) + sum(CHUNKS))
 
 
 def measure(backend: LlamaBackend) -> tuple[int | None, int]:
@@ -46,8 +85,7 @@ def measure(backend: LlamaBackend) -> tuple[int | None, int]:
     if len(backend.free_seqs) < 2:
         return None, 1
     rows = _rows_per_call(backend) if backend.batch_cap >= 2 * CONTEXT_TOKENS else None
-    room = backend.n_ctx >= 2 * (max(CHUNKS) + sum(CHUNKS))  # cells for the probe, and more
-    floor = _chunk_floor(backend) if backend.batch_cap >= max(CHUNKS) and room else 1
+    floor = _chunk_floor(backend) if backend.batch_cap >= max(CHUNKS) and _room(backend) else 1
     return rows, floor
 
 

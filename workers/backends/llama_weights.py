@@ -105,7 +105,7 @@ def served_weights(source: Path, choice: str, threads: int) -> tuple[Path, str]:
     return (converted, "q8_0") if keep else (source, "")
 
 
-def _machine() -> dict[str, str]:
+def machine() -> dict[str, str]:
     cpu = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -121,7 +121,7 @@ def _machine() -> dict[str, str]:
 def _cached_choice(path: Path) -> bool | None:
     try:
         doc = json.loads(path.read_text())
-        if doc.get("machine") == _machine():
+        if doc.get("machine") == machine():
             return bool(doc["converted"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -150,7 +150,7 @@ def _measure_choice(source: Path, converted: Path, threads: int, record: Path) -
     close = abs(conv.nll - src.nll) <= MAX_NLL_RISE * src.nll
     faster = conv.request_s() <= MIN_GAIN * src.request_s()
     keep = close and faster
-    doc = {"converted": keep, "machine": _machine(), "threads": threads,
+    doc = {"converted": keep, "machine": machine(), "threads": threads,
            "source": asdict(src), "q8_0": asdict(conv), "scores_alike": close,
            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
     record.write_text(json.dumps(doc, indent=2))
