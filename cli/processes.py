@@ -22,7 +22,7 @@ from tandem.cli.options import (
 )
 from tandem.common.settings import DEFAULT_CLIENT_ADDR, DEFAULT_WORKER_ADDR, Addresses
 from tandem.workers.backends import BACKENDS
-from tandem.workers.config import WARMUP, EngineConfig, WorkerConfig
+from tandem.workers.config import WARMUP, WEIGHTS, EngineConfig, WorkerConfig
 from tandem.workers.memory import parse_bytes
 from tandem.workers.prefix_cache import POLICIES
 
@@ -222,6 +222,15 @@ def cache_memory_options(f: Any) -> Any:
     "quick. Rates not yet borne out by served steps are marked provisional.",
 )
 @click.option(
+    "--weights",
+    type=click.Choice(WEIGHTS),
+    default=config_default(W, "weights"),
+    show_default=True,
+    help="A CPU llama.cpp worker's weights: q8_0 = the model converted once to Q8_0 (all "
+    "but lossless from a 4-6 bit file; batched CPU kernels), as-is = the file as given, "
+    "auto = Q8_0 where its first start measures it faster and scoring alike.",
+)
+@click.option(
     "--progress-json",
     is_flag=True,
     help="Print one JSON object per line to stdout as the worker starts: loading, "
@@ -261,6 +270,7 @@ def worker(
     prefill_tok_s: float | None,
     decode_tok_s: str | None,
     warmup: str,
+    weights: str,
     progress_json: bool,
     keep_profile: bool,
     profile_file: str | None,
@@ -299,6 +309,7 @@ def worker(
             decode_tok_s=decode,
             profile=profile_file,
             warmup=warmup,
+            weights=weights,
             progress_json=progress_json,
             keep_profile=keep_profile,
             cpus=cpus,

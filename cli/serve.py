@@ -25,7 +25,7 @@ COMMANDS = {"router": router_command, "worker": worker_command, "gateway": gatew
 # `tandem worker` flags `tandem serve` takes as its own, for every local worker; any
 # other flag of any process: --set SECTION.KEY=VALUE or the config file.
 WORKER_KNOBS = ("threads", "max_active", "n_ctx", "step_tokens", "step_budget_x", "cache_tokens",
-                "warmup")  # fmt: skip
+                "warmup", "weights")  # fmt: skip
 RUNS_KEPT = 20  # run folders (logs) kept under the cache root
 
 

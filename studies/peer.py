@@ -41,6 +41,7 @@ import click
 
 from tandem.common.model_files import default_model_path
 from tandem.common.tokenizer import TextTokenizer, tokenizer_spec_from_gguf
+from tandem.workers.backends.llama_weights import served_weights
 
 sys.path.insert(0, str(Path(__file__).parent))
 import peer_aiperf  # noqa: E402 - studies/ is not a package on the path
@@ -79,7 +80,14 @@ def free_port() -> int:
 
 # ---------------------------------------------------------------- the servers
 def start_peer(port: int, threads: int | None, flags: list[str]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(default_model_path()),
+    """``--weights q8_0`` (not the server's option): serve the file a tandem CPU worker
+    converts the model to (workers/backends/llama_weights.py), the same bytes."""
+    model = default_model_path()
+    if "--weights" in flags:
+        i = flags.index("--weights")
+        model, _ = served_weights(model, flags[i + 1], 1)
+        flags = flags[:i] + flags[i + 2 :]
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model),
            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "8192",
            # its default (True) aborts a running stream when another request arrives
            "--interrupt_requests", "False"]  # fmt: skip

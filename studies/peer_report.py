@@ -1,5 +1,5 @@
-"""The Markdown tables of a ``studies/peer.py`` run: ratios tandem / peer per
-repetition (same repetition, same prompts), their median and range, and the
+"""The Markdown tables of a ``studies/peer.py`` run: ratios of each tandem config to
+each peer config per repetition (same repetition, same prompts), their median and range, and the
 absolute medians behind them.
 
     .venv/bin/python studies/peer_report.py peer.json > docs/results/peer-tables.md
@@ -29,11 +29,12 @@ def tables(record: dict) -> str:
     for r in runs:
         by[(r["config"], r["rep"])] = r["results"]
     configs = list(dict.fromkeys(r["config"] for r in runs))
-    peer = next(c for c in configs if c.startswith("peer"))
+    peers = [c for c in configs if c.startswith("peer")]
     workloads = [w for w, v in runs[0]["results"].items() if "out_tok_s" in v]
     reps = sorted({r["rep"] for r in runs})
     out = []
-    for cfg in (c for c in configs if c != peer):
+    pairs_of = [(cfg, peer) for cfg in configs if not cfg.startswith("peer") for peer in peers]
+    for cfg, peer in pairs_of:
         out.append(f"\n**{cfg} ÷ {peer}** (median [min-max] over {len(reps)} repetitions)\n")
         out.append("| metric | " + " | ".join(workloads) + " |")
         out.append("|---" * (len(workloads) + 1) + "|")

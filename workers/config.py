@@ -14,6 +14,7 @@ from tandem.workers.prefix_cache import POLICIES
 # this module: the names live here so that the config needs nothing of the registry).
 BACKENDS = ("llama.cpp", "mlx", "sim")
 WARMUP = ("auto", "quick", "on", "off")
+WEIGHTS = ("auto", "as-is", "q8_0")  # workers/backends/llama_weights.py
 DEFAULT_PREFILL_TOK_S, DEFAULT_DECODE_TOK_S = 200.0, 50.0  # no profile, no flags: a guess
 
 
@@ -92,6 +93,9 @@ class WorkerConfig:
     profile: str | None = None  # sim backend: its device profile file
     cpus: tuple[int, ...] | None = None  # cores this worker (and its threads) may use
     warmup: str = "auto"  # auto | quick | on | off: see ``measurement``
+    # A CPU llama.cpp worker's weights: auto (Q8_0 where measured faster and alike),
+    # as-is, q8_0 (workers/backends/llama_weights.py).
+    weights: str = "auto"
     progress_json: bool = False  # JSON progress lines on stdout (workers/startup.py)
     keep_profile: bool = False  # store the start-up measurement where no profile is stored
     keys: str | None = None  # CURVE keys folder (common/auth.py); None: TANDEM_KEYS or none
@@ -117,6 +121,8 @@ class WorkerConfig:
             raise ValueError("decode_tok_s must be positive numbers")
         if self.warmup not in WARMUP:
             raise ValueError(f"warmup must be one of {WARMUP}, not {self.warmup!r}")
+        if self.weights not in WEIGHTS:
+            raise ValueError(f"weights must be one of {WEIGHTS}, not {self.weights!r}")
         for frac in (self.cache_mem_frac, self.host_cache_mem_frac):
             if frac is not None and not 0 <= frac <= 1:
                 raise ValueError(f"memory fractions must be in [0, 1], not {frac}")

@@ -74,6 +74,8 @@ class EngineBackend(Protocol):
     def free(self, handle: Any) -> None:
         """Release a cache handle."""
 
+    # Optional: ``min_chunk_tokens``, the smallest prompt chunk its kernels run well (a
+    # step's time budget never cuts one below it; llama_rows.py measures it on a CPU).
     # Optional, for a host-RAM tier (workers/host_cache.py): ``save(handle)`` -> a host
     # copy of a cache handle's KV (None: cannot), ``restore(state)`` -> a new handle.
 
@@ -169,7 +171,8 @@ class Engine:
         if batch == 0 or not self.cfg.step_budget_x:
             return None
         c = self.cfg
-        return self.timer.chunk_cap(batch, c.step_budget_x, c.step_tokens, c.min_chunk_tokens)
+        floor = max(c.min_chunk_tokens, getattr(self.backend, "min_chunk_tokens", 1))
+        return self.timer.chunk_cap(batch, c.step_budget_x, c.step_tokens, floor)
 
     # ------------------------------------------------------------ messages
     def handle(self, msg: p.Message) -> None:

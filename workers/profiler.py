@@ -38,6 +38,7 @@ from tandem.common.protocol import SamplingParams
 from tandem.common.ratefit import explain, fit_decode_rates
 from tandem.common.steptime import StepStats, batch_ladder
 from tandem.workers.engine import Engine, EngineBackend, EngineConfig
+from tandem.workers.profiles import profile_model
 from tandem.workers.request import Request, Status
 
 _FIRST_PROMPT_ID = 256  # random prompts avoid control tokens
@@ -354,7 +355,7 @@ def profile_backend(
     return ProfileResult(
         backend=backend.name,
         device=backend.device,
-        model=backend.model_name,
+        model=profile_model(backend),
         prefill_tok_s=round(prefill, 2),
         prompt_tokens=prompt_tokens,
         decode_tok_s=[round(x, 2) for x in fit.rates],

@@ -31,9 +31,17 @@ def save_profile(backend: str, device: str, model: str, data: dict[str, Any]) ->
     return path
 
 
+def profile_model(backend: Any) -> str:
+    """The model part of a backend's profile key: its file's name, and the format it
+    serves the weights in when it converted them (llama_weights.py: ``NAME@q8_0``), whose
+    rates are not the file's."""
+    fmt = getattr(backend, "weights_format", "")
+    return f"{backend.model_name}@{fmt}" if fmt else str(backend.model_name)
+
+
 def stored_rates(backend: Any) -> tuple[float, list[float]] | None:
     """(prefill tok/s, decode tok/s by batch size) from the stored profile, if any."""
-    return read_rates(backend.name, backend.device, backend.model_name)
+    return read_rates(backend.name, backend.device, profile_model(backend))
 
 
 def read_rates(backend: str, device: str, model: str) -> tuple[float, list[float]] | None:
@@ -59,7 +67,7 @@ def keep_start_rates(backend: Any, prefill: float, decode: list[float], how: str
     doc = {"prefill_tok_s": prefill, "decode_tok_s": decode, "source": how,
            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
     try:
-        path = save_profile(backend.name, backend.device, backend.model_name, doc)
+        path = save_profile(backend.name, backend.device, profile_model(backend), doc)
     except OSError as exc:  # a read-only cache: the worker serves all the same
         log.warning("cannot keep the start-up measurement as a profile: %s", exc)
         return

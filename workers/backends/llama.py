@@ -13,16 +13,20 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import llama_cpp as L
 import numpy as np
 
+from tandem.common.affinity import usable_cores
 from tandem.common.gguf_file import weights_digest
 from tandem.common.tokenizer import TokenizerSpec, tokenizer_spec_from_gguf
-from tandem.workers.backends import llama_sampling, llama_state
-from tandem.workers.backends.llama_params import placement
+from tandem.workers.backends import llama_rows, llama_sampling, llama_state, llama_threads
+from tandem.workers.backends.llama_params import is_gpu, placement
+from tandem.workers.backends.llama_threads import PrefillThreads
+from tandem.workers.backends.llama_weights import served_weights
 from tandem.workers.engine import KVFull
 from tandem.workers.prefix_cache import Match
 from tandem.workers.request import Request
@@ -59,8 +63,15 @@ class LlamaBackend:
     @classmethod
     def from_config(cls, cfg: WorkerConfig, model: Path) -> LlamaBackend:
         device = "cpu" if cfg.device == "auto" else cfg.device
+        served, fmt = model, ""
+        if not is_gpu(device):  # a GPU's kernels batch every type: the file as given
+            _init_backend()  # llama.cpp's log routed before it loads anything
+            served, fmt = served_weights(model, cfg.weights, cfg.threads)
         return cls(
-            model,
+            served,
+            prefill_threads=llama_threads.choices(cfg.threads, bool(cfg.cpus), usable_cores()),
+            source=model,
+            weights_format=fmt,
             n_ctx=cfg.n_ctx,
             threads=cfg.threads,
             max_active=cfg.engine.max_active,
@@ -80,9 +91,16 @@ class LlamaBackend:
         step_tokens: int = 256,
         device: str = "cpu",
         cache_tokens: int = 0,
+        source: str | Path | None = None,
+        weights_format: str = "",
+        prefill_threads: tuple[int, ...] = (),
     ) -> None:
         """``n_ctx`` KV cells for active requests, ``cache_tokens`` more for the prefix
-        cache's device tier (workers/memory.py sizes it)."""
+        cache's device tier (workers/memory.py sizes it). ``model_path`` is the file
+        loaded, ``source`` the model it was converted from (``weights_format``, e.g.
+        "q8_0": llama_weights.py), which names and identifies what is served.
+        ``prefill_threads``: the thread counts a prompt chunk may run with, chosen by
+        their measured cost while serving (llama_threads.py); () for ``threads``."""
         _init_backend()
         self.model_path = Path(model_path)
         # gpu / gpu-*: every layer and the KV on the GPU of a CUDA/Metal build; cpu: no
@@ -110,12 +128,26 @@ class LlamaBackend:
         self.batch = L.llama_batch_init(step_tokens, 0, 1)
         self.batch_cap = step_tokens
         self.device = device
-        self.model_name = self.model_path.name
-        self.weights_digest = weights_digest(self.model_path)
+        source = Path(source) if source is not None else self.model_path
+        self.model_name = source.name
+        self.weights_format = weights_format  # "" the file as given; its profile's key too
+        self.weights_digest = weights_digest(source)
         self.threads = threads
         self.tokenizer_spec: TokenizerSpec = tokenizer_spec_from_gguf(self.model_path)
         self._pieces: dict[int, bytes] = {}
         self._eog: np.ndarray | None = None  # end-of-generation ids, found on first need
+        # Rows a decode call carries: all of a step's (one call) where rows batch, else 1,
+        # each row and the step's prompt chunks a call of their own (llama_rows.py).
+        # A prompt chunk below ``min_chunk_tokens`` costs much more a token (the engine
+        # never cuts one smaller to keep a step within its time budget).
+        self.rows_per_call, self.min_chunk_tokens = (
+            (None, 1) if place.gpu else llama_rows.probed(self)
+        )
+        # Chunks have calls of their own only where rows split: only then may their
+        # thread count differ from the decode calls'.
+        split = self.rows_per_call is not None and len(prefill_threads) > 1
+        self.prefill_threads = PrefillThreads(prefill_threads if split else (threads,))
+        self._batch_threads = threads
 
     # ------------------------------------------------------------ slots
     def begin(self, req: Request, match: Match) -> None:
@@ -152,28 +184,49 @@ class LlamaBackend:
 
     # ------------------------------------------------------------ the step
     def run(self, decode: list[Request], prefill: list[tuple[Request, int]]) -> dict[str, int]:
+        if self.rows_per_call is None:
+            return self._call(decode, prefill)
+        out: dict[str, int] = {}
+        for r in decode:
+            out.update(self._call([r], []))
+        if prefill:
+            k = self.prefill_threads.pick()
+            if k != self._batch_threads:
+                L.llama_set_n_threads(self.ctx, self.threads, k)
+                self._batch_threads = k
+            t0 = time.perf_counter()
+            out.update(self._call([], prefill))
+            self.prefill_threads.record(k, time.perf_counter() - t0, sum(n for _, n in prefill))
+        return out
+
+    def _call(self, decode: list[Request], prefill: list[tuple[Request, int]]) -> dict[str, int]:
+        """One ``llama_decode`` of these rows and chunks; their sampled tokens."""
         rows: list[tuple[Request, int]] = []  # (request, batch index of its logits)
         n = 0
         for r in decode:
-            n = self._put(n, r.output[-1], len(r.prompt) + r.n_fed, r.slot, True)
+            n = self.put(n, r.output[-1], len(r.prompt) + r.n_fed, r.slot, True)
             rows.append((r, n - 1))
         for r, k in prefill:
             end = r.n_computed + k
             for pos in range(r.n_computed, end):
                 last = pos == len(r.prompt) - 1
-                n = self._put(n, r.prompt[pos], pos, r.slot, last and not r.prefill_only)
+                n = self.put(n, r.prompt[pos], pos, r.slot, last and not r.prefill_only)
             if end == len(r.prompt) and not r.prefill_only:
                 rows.append((r, n - 1))
+        self.decode_batch(n)
+        for r, i in rows:
+            if len(r.output) < r.sampling.min_tokens:
+                self._forbid_eog(i)
+        return {r.id: llama_sampling.sample(r, self.ctx, i, self.vocab_size) for r, i in rows}
+
+    def decode_batch(self, n: int) -> None:
+        """``llama_decode`` of the batch's first ``n`` tokens (KVFull when no cell is free)."""
         self.batch.n_tokens = n
         rc = L.llama_decode(self.ctx, self.batch)
         if rc == 1:
             raise KVFull()
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with {rc}")
-        for r, i in rows:
-            if len(r.output) < r.sampling.min_tokens:
-                self._forbid_eog(i)
-        return {r.id: llama_sampling.sample(r, self.ctx, i, self.vocab_size) for r, i in rows}
 
     def _forbid_eog(self, index: int) -> None:
         """min_tokens: no end-of-generation token from batch row ``index`` (its logits
@@ -183,7 +236,7 @@ class LlamaBackend:
         logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, index), (self.vocab_size,))
         logits[self._eog] = -np.inf
 
-    def _put(self, n: int, token: int, pos: int, seq: int, logits: bool) -> int:
+    def put(self, n: int, token: int, pos: int, seq: int, logits: bool) -> int:
         if n >= self.batch_cap:
             raise RuntimeError("step larger than the batch the context was built for")
         b = self.batch
