@@ -210,21 +210,3 @@ def test_rows_a_call_each_decode_as_each_request_alone():
         assert all(len(t) == 6 for t in together)
     finally:
         backend.close()
-
-
-def test_prompt_chunks_run_on_either_thread_count_with_the_same_tokens():
-    from tandem.workers.backends.llama import LlamaBackend
-    from tandem.workers.backends.llama_threads import PrefillThreads
-
-    backend = LlamaBackend(_source(), n_ctx=1024, threads=1, max_active=4, step_tokens=64,
-                           cache_entries=None)  # fmt: skip
-    try:
-        backend.rows_per_call = 1
-        prompts = [[300 + (7 * i + k) % 900 for i in range(48)] for k in range(3)]
-        fixed = _generate(backend, prompts, together=True)
-        backend.prefill_threads = PrefillThreads((1, 2))
-        either = _generate(backend, prompts, together=True)
-        assert all(c is not None for c in backend.prefill_threads.cost_s.values()), "both ran"
-        assert either == fixed
-    finally:
-        backend.close()

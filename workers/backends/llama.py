@@ -13,19 +13,16 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import llama_cpp as L
 import numpy as np
 
-from tandem.common.affinity import usable_cores
 from tandem.common.gguf_file import weights_digest
 from tandem.common.tokenizer import TokenizerSpec, tokenizer_spec_from_gguf
-from tandem.workers.backends import llama_rows, llama_sampling, llama_state, llama_threads
+from tandem.workers.backends import llama_rows, llama_sampling, llama_state
 from tandem.workers.backends.llama_params import is_gpu, placement
-from tandem.workers.backends.llama_threads import PrefillThreads
 from tandem.workers.backends.llama_weights import served_weights
 from tandem.workers.engine import KVFull
 from tandem.workers.prefix_cache import Match
@@ -69,7 +66,6 @@ class LlamaBackend:
             served, fmt = served_weights(model, cfg.weights, cfg.threads)
         return cls(
             served,
-            prefill_threads=llama_threads.choices(cfg.threads, bool(cfg.cpus), usable_cores()),
             source=model,
             weights_format=fmt,
             n_ctx=cfg.n_ctx,
@@ -93,14 +89,11 @@ class LlamaBackend:
         cache_tokens: int = 0,
         source: str | Path | None = None,
         weights_format: str = "",
-        prefill_threads: tuple[int, ...] = (),
     ) -> None:
         """``n_ctx`` KV cells for active requests, ``cache_tokens`` more for the prefix
         cache's device tier (workers/memory.py sizes it). ``model_path`` is the file
         loaded, ``source`` the model it was converted from (``weights_format``, e.g.
-        "q8_0": llama_weights.py), which names and identifies what is served.
-        ``prefill_threads``: the thread counts a prompt chunk may run with, chosen by
-        their measured cost while serving (llama_threads.py); () for ``threads``."""
+        "q8_0": llama_weights.py), which names and identifies what is served."""
         _init_backend()
         self.model_path = Path(model_path)
         # gpu / gpu-*: every layer and the KV on the GPU of a CUDA/Metal build; cpu: no
@@ -143,11 +136,6 @@ class LlamaBackend:
         self.rows_per_call, self.min_chunk_tokens = (
             (None, 1) if place.gpu else llama_rows.probed(self)
         )
-        # Chunks have calls of their own only where rows split: only then may their
-        # thread count differ from the decode calls'.
-        split = self.rows_per_call is not None and len(prefill_threads) > 1
-        self.prefill_threads = PrefillThreads(prefill_threads if split else (threads,))
-        self._batch_threads = threads
 
     # ------------------------------------------------------------ slots
     def begin(self, req: Request, match: Match) -> None:
@@ -190,13 +178,7 @@ class LlamaBackend:
         for r in decode:
             out.update(self._call([r], []))
         if prefill:
-            k = self.prefill_threads.pick()
-            if k != self._batch_threads:
-                L.llama_set_n_threads(self.ctx, self.threads, k)
-                self._batch_threads = k
-            t0 = time.perf_counter()
             out.update(self._call([], prefill))
-            self.prefill_threads.record(k, time.perf_counter() - t0, sum(n for _, n in prefill))
         return out
 
     def _call(self, decode: list[Request], prefill: list[tuple[Request, int]]) -> dict[str, int]:
