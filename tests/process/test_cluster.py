@@ -27,11 +27,14 @@ def test_greedy_generation_matches_a_direct_llama_cpp_loop(cluster):
     assert tokens["prompt_tokens"] > 0
     assert r.finish_reason == "length" and len(r.token_ids) == 24
     assert r.text.strip(), "greedy text should not be empty"
-    # Parity: same model, same KV mode, same chunking (whole prompt in one step).
+    # Parity: same weights (the file the worker chose to serve: llama_weights.py, its
+    # record cached at its start), same KV mode, same chunking (whole prompt in one step).
     from tandem.common.tokenizer import TextTokenizer, tokenizer_spec_from_gguf
+    from tandem.workers.backends.llama_weights import served_weights
 
     ids = TextTokenizer(tokenizer_spec_from_gguf(default_model_path())).encode(PROMPT)
-    ref = greedy_reference(str(default_model_path()), ids, 24, chunk=256, n_ctx=4096, threads=1)
+    served, _ = served_weights(default_model_path(), "auto", threads=1)
+    ref = greedy_reference(str(served), ids, 24, chunk=256, n_ctx=4096, threads=1)
     assert r.token_ids == ref
 
 

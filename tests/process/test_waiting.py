@@ -115,10 +115,13 @@ def test_a_request_sent_while_the_worker_starts_waits_for_it():
 
 @needs_llama
 @pytest.mark.model
-def test_the_waiting_line_names_the_starting_worker_its_stage_and_time_left():
+def test_the_waiting_line_names_the_starting_worker_its_stage_and_time_left(tmp_path, monkeypatch):
     """A worker announces itself as soon as it starts (Starting): the CLI's waiting
     line, `tandem status` and the gateway's /health name it while it loads and
-    measures itself; the request then completes on it."""
+    measures itself; the request then completes on it. A cache of its own, as on a
+    machine's first start: the worker chooses its weights format and measures itself,
+    seconds in which the CLI starts and waits."""
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
     args = [a for a in LLAMA_ARGS if a not in ("--warmup", "off")] + ["--warmup", "quick"]
     with Cluster(router_args=["--no-worker-wait-s", "240"]) as cl:
         url = cl.start_gateway("gateway", ("--model-alias", ALIAS))
