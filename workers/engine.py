@@ -38,7 +38,17 @@ log = logging.getLogger(__name__)
 
 
 class KVFull(Exception):
-    """The backend has no KV room for this step; the engine frees some and retries."""
+    """The backend has no KV room for this step; the engine frees some and retries.
+
+    A backend that runs a step as several calls (llama_rows.py) may fill the pool after
+    some of them ran: ``ran`` names the requests whose part of the step did run (their
+    KV written, their tokens in ``tokens``), and the engine keeps that part: running it
+    again would write their cells twice and sample their chains twice."""
+
+    def __init__(self, ran: tuple[str, ...] = (), tokens: dict[str, int] | None = None) -> None:
+        super().__init__("KV cache full")
+        self.ran = ran
+        self.tokens = tokens or {}
 
 
 # What the I/O thread (or the twin) hands the engine its messages through.
@@ -151,6 +161,11 @@ class Engine:
         if sampled is None:
             self.timer.discard()
             return
+        if isinstance(sampled, KVFull):  # part of the step ran: only that part advances
+            self.timer.discard()
+            decode = [r for r in decode if r.id in sampled.ran]
+            prefill = [(r, n) for r, n in prefill if r.id in sampled.ran]
+            sampled = sampled.tokens
         for r in decode:
             r.n_fed += 1
         for r, n in prefill:
@@ -300,17 +315,23 @@ class Engine:
             self.emit(p.Done(req.id, reason, self._stats(req)))
         self._changed = True
 
-    def _run(self, decode: list[Request], prefill: list[tuple[Request, int]]) -> dict | None:
+    def _run(
+        self, decode: list[Request], prefill: list[tuple[Request, int]]
+    ) -> dict | KVFull | None:
         """backend.run, evicting cache entries while the KV pool is full.
 
         None when the step could not run: then the requests it had to give up
         have already been failed (one per retry when KV is exhausted, all of the
-        step's requests when the backend itself failed).
+        step's requests when the backend itself failed). A KVFull naming the part
+        that ran when only part did (room is made for the next step).
         """
         while True:
             try:
                 return self.backend.run(decode, prefill)
-            except KVFull:
+            except KVFull as full:
+                if full.ran:
+                    self._make_room()
+                    return full
                 if self._make_room():
                     continue
                 victim = self.active[-1]  # newest admitted: least work lost

@@ -173,7 +173,7 @@ def test_the_engine_never_cuts_a_chunk_below_the_backends_floor():
         backend.close()
 
 
-def _generate(backend, prompts: list[list[int]], together: bool) -> list[list[int]]:
+def _generate(backend, prompts: list[list[int]], together: bool, keep: list | None = None):
     from tandem.common import protocol as p
     from tandem.workers.config import EngineConfig
     from tandem.workers.engine import Engine
@@ -182,6 +182,8 @@ def _generate(backend, prompts: list[list[int]], together: bool) -> list[list[in
     out: list = []
     cfg = EngineConfig(max_active=4, step_tokens=64, cache_tokens=0, max_tokens_limit=64)
     engine = Engine(backend, cfg, out.append, "w")
+    if keep is not None:
+        keep.append(engine)
     batches = [prompts] if together else [[x] for x in prompts]
     for i, batch in enumerate(batches):
         for j, prompt in enumerate(batch):
@@ -208,5 +210,36 @@ def test_rows_a_call_each_decode_as_each_request_alone():
         alone = _generate(backend, prompts, together=False)
         assert together == alone
         assert all(len(t) == 6 for t in together)
+    finally:
+        backend.close()
+
+
+def test_a_pool_filling_mid_step_keeps_the_rows_that_ran():
+    """Rows a call each: the pool may fill at the step's prompt call after its decode
+    rows ran. Those rows are kept (their cells and chains are not run twice); the
+    prompt chunk runs in a later step; every request gets the tokens it gets without."""
+    from tandem.workers.backends.llama import LlamaBackend
+    from tandem.workers.engine import KVFull
+
+    backend = LlamaBackend(_source(), n_ctx=1024, threads=1, max_active=4, step_tokens=64,
+                           cache_entries=None)  # fmt: skip
+    try:
+        backend.rows_per_call = 1
+        prompts = [[300 + (7 * i + k) % 900 for i in range(40)] for k in range(3)]
+        plain = _generate(backend, prompts, together=True)
+        call, full = backend._call, {"left": 2}
+
+        def fills(decode, prefill):
+            if prefill and full["left"] and any(r.decoding for r in backend_rows()):
+                full["left"] -= 1
+                raise KVFull()
+            return call(decode, prefill)
+
+        backend_rows = lambda: list(engine_ref[0].active)  # noqa: E731
+        engine_ref: list = []
+        backend._call = fills
+        filled = _generate(backend, prompts, together=True, keep=engine_ref)
+        assert full["left"] == 0, "the pool filled mid-step twice"
+        assert filled == plain
     finally:
         backend.close()

@@ -175,10 +175,17 @@ class LlamaBackend:
         if self.rows_per_call is None:
             return self._call(decode, prefill)
         out: dict[str, int] = {}
-        for r in decode:
-            out.update(self._call([r], []))
-        if prefill:
-            out.update(self._call([], prefill))
+        ran: list[str] = []
+        try:
+            for r in decode:
+                out.update(self._call([r], []))
+                ran.append(r.id)
+            if prefill:
+                out.update(self._call([], prefill))
+        except KVFull:
+            if ran:  # the rows before it ran: the engine keeps them (engine.KVFull)
+                raise KVFull(tuple(ran), out) from None
+            raise
         return out
 
     def _call(self, decode: list[Request], prefill: list[tuple[Request, int]]) -> dict[str, int]:

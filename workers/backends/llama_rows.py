@@ -95,20 +95,11 @@ def _chunk_floor(backend: LlamaBackend) -> int:
     try:
         pos = 0
         for k in (max(CHUNKS), *CHUNKS):  # the first gives the rest a context to attend
-            per_token[k] = _chunk_s(backend, seq, pos, k) / k
+            per_token[k] = _timed(backend, [(seq, pos + i, False) for i in range(k)]) / k
             pos += k
     finally:
         L.llama_memory_seq_rm(backend.mem, seq, -1, -1)
     return floor_of(per_token)
-
-
-def _chunk_s(backend: LlamaBackend, seq: int, pos: int, k: int) -> float:
-    n = 0
-    for i in range(k):
-        n = backend.put(n, 100 + i, pos + i, seq, False)
-    t0 = time.perf_counter()
-    backend.decode_batch(n)
-    return time.perf_counter() - t0
 
 
 def floor_of(per_token: dict[int, float]) -> int:
@@ -122,28 +113,25 @@ def floor_of(per_token: dict[int, float]) -> int:
 def _rows_per_call(backend: LlamaBackend) -> int | None:
     seqs = [backend.free_seqs[-1], backend.free_seqs[-2]]
     try:
-        n = 0
-        for seq in seqs:
-            for pos in range(CONTEXT_TOKENS):
-                n = backend.put(n, 100 + pos, pos, seq, False)
-        backend.decode_batch(n)
+        _timed(backend, [(seq, pos, False) for seq in seqs for pos in range(CONTEXT_TOKENS)])
         pos = CONTEXT_TOKENS
         one, two = [], []
         for _ in range(ROUNDS):
-            one.append(_timed(backend, [(seqs[0], pos)]))
-            two.append(_timed(backend, [(seqs[0], pos + 1), (seqs[1], pos)]))
+            one.append(_timed(backend, [(seqs[0], pos, True)]))
+            two.append(_timed(backend, [(seqs[0], pos + 1, True), (seqs[1], pos, True)]))
             pos += 2
-            _timed(backend, [(seqs[1], pos - 1)])  # keeps both sequences level
+            _timed(backend, [(seqs[1], pos - 1, True)])  # keeps both sequences level
         return 1 if min(two) > SPLIT_ABOVE * 2 * min(one) else None
     finally:
         for seq in seqs:
             L.llama_memory_seq_rm(backend.mem, seq, -1, -1)
 
 
-def _timed(backend: LlamaBackend, rows: list[tuple[int, int]]) -> float:
+def _timed(backend: LlamaBackend, cells: list[tuple[int, int, bool]]) -> float:
+    """Seconds of one call of these (sequence, position, logits) cells."""
     n = 0
-    for seq, pos in rows:
-        n = backend.put(n, 100, pos, seq, True)
+    for seq, pos, logits in cells:
+        n = backend.put(n, 100 + pos % 1000, pos, seq, logits)
     t0 = time.perf_counter()
     backend.decode_batch(n)
     return time.perf_counter() - t0
