@@ -89,6 +89,17 @@ def served_weights(source: Path, choice: str, threads: int) -> tuple[Path, str]:
         if choice == "q8_0":
             log.info("%s is not a sub-8-bit quantization: served as given", source.name)
         return source, ""
+    try:
+        return _served(source, choice, threads)
+    except (OSError, RuntimeError) as exc:
+        if choice == "q8_0":  # asked for: say why not
+            raise
+        # auto: a read-only or full cache, a conversion llama.cpp refused: the file serves
+        log.warning("weights: serving %s as given (%s)", source.name, exc)
+        return source, ""
+
+
+def _served(source: Path, choice: str, threads: int) -> tuple[Path, str]:
     folder = cache_root() / "weights"
     folder.mkdir(parents=True, exist_ok=True)
     digest = weights_digest(source)
