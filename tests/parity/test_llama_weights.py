@@ -63,6 +63,17 @@ def test_auto_keeps_what_was_measured_and_records_why(cache, monkeypatch):
     assert not json.loads(next(cache.glob("*.t4.json")).read_text())["scores_alike"]
 
 
+def test_auto_serves_the_file_where_the_cache_cannot_take_a_conversion(tmp_path, monkeypatch):
+    from tandem.workers.backends import llama_weights as W
+
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # the cache root is a file: no folder can be made under it
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(blocked))
+    assert W.served_weights(_source(), "auto", threads=1) == (_source(), "")
+    with pytest.raises(OSError):
+        W.served_weights(_source(), "q8_0", threads=1)
+
+
 def test_as_is_and_bad_choices(cache):
     from tandem.workers.backends import llama_weights as W
     from tandem.workers.config import WorkerConfig

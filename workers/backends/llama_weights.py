@@ -6,8 +6,8 @@ neither a repacked layout nor a tiled matrix product), so a prompt costs as much
 token as a decode step does. Q8_0 has one: on the 2-core development machine the
 embedded Q4_1 model prefilled 244 tok/s and its Q8_0 conversion 490, at the same
 single-row decode (docs/results/peer.md). A 4- to 6-bit weight converted to Q8_0 is
-all but lossless (each weight moves by under a tenth of its own quantization step; the
-embedded model's NLL over 1,024 tokens: 3.6427 -> 3.6458, +0.09 %), unlike a
+all but lossless (Q8_0 steps by 1/127 of a block's largest weight, Q4_1 by 1/15 of
+its range, so a weight moves by a small part of its own step; the embedded model's NLL over 1,024 tokens: 3.6427 -> 3.6458, +0.09 %), unlike a
 conversion down to another 4-bit type (Q4_1 -> Q4_0: +6.8 %, top-1 agreement 68 %),
 which this module never makes.
 
@@ -89,6 +89,17 @@ def served_weights(source: Path, choice: str, threads: int) -> tuple[Path, str]:
         if choice == "q8_0":
             log.info("%s is not a sub-8-bit quantization: served as given", source.name)
         return source, ""
+    try:
+        return _served(source, choice, threads)
+    except (OSError, RuntimeError) as exc:
+        if choice == "q8_0":  # asked for: say why not
+            raise
+        # auto: a read-only or full cache, a conversion llama.cpp refused: the file serves
+        log.warning("weights: serving %s as given (%s)", source.name, exc)
+        return source, ""
+
+
+def _served(source: Path, choice: str, threads: int) -> tuple[Path, str]:
     folder = cache_root() / "weights"
     folder.mkdir(parents=True, exist_ok=True)
     digest = weights_digest(source)
