@@ -21,6 +21,7 @@ from tandem.bench.experiment import Bench, BenchConfig, resolve_policy
 from tandem.bench.spec import WorkerArg
 from tandem.bench.workload import Workload
 from tandem.client.errors import TandemError
+from tandem.common.affinity import cpu_name
 
 
 def make_encoder(workers: Iterable[WorkerArg]) -> Any:
@@ -35,14 +36,7 @@ def make_encoder(workers: Iterable[WorkerArg]) -> Any:
 
 def machine_info() -> dict[str, Any]:
     """Enough to say where a result was measured."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "cpu": cpu,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
+from pathlib import Path
 
 import psutil
 
@@ -27,6 +29,17 @@ def parse_cpus(text: str) -> tuple[int, ...]:
             raise ValueError(f"cpus {text!r}: {part!r} is not an ascending range of core ids")
         cpus.update(range(first, last + 1))
     return tuple(sorted(cpus))
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what the platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def usable_cores() -> int:

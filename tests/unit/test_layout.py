@@ -141,9 +141,13 @@ TYPE_ONLY_LOOPS = {
     "message classes they check; the messages run the checks",
     frozenset({"tandem.client.stream", "tandem.client.sync"}): "a stream is typed by the "
     "client that owns it",
-    frozenset({"tandem.workers.backends.llama", "tandem.workers.backends.llama_state",
-               "tandem.workers.backends.llama_rows"}): "the state and row-probe helpers are "
-    "typed by the backend they serve",
+    frozenset(
+        {
+            "tandem.workers.backends.llama",
+            "tandem.workers.backends.llama_state",
+            "tandem.workers.backends.llama_rows",
+        }
+    ): "the state and row-probe helpers are typed by the backend they serve",
 }
 
 

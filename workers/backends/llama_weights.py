@@ -7,9 +7,9 @@ token as a decode step does. Q8_0 has one: on the 2-core development machine the
 embedded Q4_1 model prefilled 244 tok/s and its Q8_0 conversion 490, at the same
 single-row decode (docs/results/peer.md). A 4- to 6-bit weight converted to Q8_0 is
 all but lossless (Q8_0 steps by 1/127 of a block's largest weight, Q4_1 by 1/15 of
-its range, so a weight moves by a small part of its own step; the embedded model's NLL over 1,024 tokens: 3.6427 -> 3.6458, +0.09 %), unlike a
-conversion down to another 4-bit type (Q4_1 -> Q4_0: +6.8 %, top-1 agreement 68 %),
-which this module never makes.
+its range, so a weight moves by a small part of its own step; the embedded model's
+NLL over 1,024 tokens: 3.6427 -> 3.6458, +0.09 %), unlike a conversion down to another
+4-bit type (Q4_1 -> Q4_0: +6.8 %, top-1 agreement 68 %), which this module never makes.
 
 ``auto`` (the default) converts on a worker's first start, checks the conversion
 scores a fixed text as the source does, times both on a reference request and keeps
@@ -32,6 +32,7 @@ from pathlib import Path
 import llama_cpp as L
 import numpy as np
 
+from tandem.common.affinity import cpu_name
 from tandem.common.gguf_file import read_gguf_header, weights_digest
 from tandem.common.model_files import cache_root
 from tandem.workers.backends.llama_params import Placement
@@ -117,15 +118,8 @@ def _served(source: Path, choice: str, threads: int) -> tuple[Path, str]:
 
 
 def machine() -> dict[str, str]:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu or platform.processor(), "machine": platform.machine(),
+    """What a cached choice holds for: the CPU and the llama.cpp build."""
+    return {"cpu": cpu_name(), "machine": platform.machine(),
             "llama_cpp": str(getattr(L, "__version__", ""))}  # fmt: skip
 
 
